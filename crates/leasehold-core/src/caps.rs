@@ -1,0 +1,183 @@
+//! What a backend guarantees and can do.
+
+use std::fmt;
+use std::time::Duration;
+
+/// How far a backend's mutual exclusion can be trusted (DESIGN.md, "efficiency or correctness").
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum SafetyClass {
+    /// Exact, but only among the users of one process (the in-memory backend).
+    Process,
+    /// Right almost always; a fault (node restart without persistence, a pause or a network
+    /// delay past the TTL, clock jumps) can let two holders overlap. Good for avoiding duplicate
+    /// work, not for protecting data.
+    Efficiency,
+    /// Backed by consensus or a transactional database: together with fencing-token checks at the
+    /// resource, a lost lease cannot corrupt data.
+    Correctness,
+}
+
+impl fmt::Display for SafetyClass {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Process => "process",
+            Self::Efficiency => "efficiency",
+            Self::Correctness => "correctness",
+        })
+    }
+}
+
+/// What kind of fencing token a backend mints.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum FencingKind {
+    /// No token: [`Lease::fencing_token`](crate::Lease::fencing_token) is always `None`.
+    None,
+    /// A counter that increases while the server keeps its data, but can go back if it loses
+    /// it (single-node Redis without persistence).
+    BestEffort,
+    /// Strictly increasing per key across all grants, durable (a database sequence, a Raft
+    /// revision, or a process-wide counter for the in-memory backend).
+    Monotonic,
+}
+
+impl FencingKind {
+    /// Whether leases carry a token at all.
+    pub fn mints_tokens(self) -> bool {
+        !matches!(self, Self::None)
+    }
+}
+
+/// How a backend waits for a held lock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum WaitKind {
+    /// No native wait: [`Locker`](crate::Locker) retries with capped, fully jittered backoff.
+    Poll,
+    /// [`LockBackend::wait_lock`](crate::LockBackend::wait_lock) waits natively (a server-side
+    /// queue, or a wake-up on release).
+    Native,
+}
+
+/// How a held grant stays alive.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum RenewalKind {
+    /// The grant expires after its TTL unless [`extend`](crate::LockBackend::extend)ed; the
+    /// [`Locker`](crate::Locker) watchdog can do that.
+    Extend,
+    /// The backend keeps grants alive itself (a database session, a kept-alive lease) and reports
+    /// their validity and loss through the [`LeaseMonitor`](crate::LeaseMonitor); `extend` only
+    /// confirms the grant is still held.
+    Session,
+}
+
+/// The longest TTL a backend accepts unless it declares otherwise: one day. A lease meant to last
+/// longer should be renewed.
+pub const DEFAULT_MAX_TTL: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// What a backend guarantees and supports, declared by the backend and checked by
+/// configuration (`require = "correctness"`) and by the conformance suite.
+///
+/// Build one with [`Capabilities::new`] and the `with_*` methods.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Capabilities {
+    /// How far mutual exclusion can be trusted.
+    pub safety: SafetyClass,
+    /// What fencing tokens the backend mints.
+    pub fencing: FencingKind,
+    /// Whether waiting is native or by polling.
+    pub wait: WaitKind,
+    /// How grants stay alive.
+    pub renewal: RenewalKind,
+    /// The shortest TTL the backend honours.
+    pub min_ttl: Duration,
+    /// The longest TTL the backend accepts.
+    pub max_ttl: Duration,
+}
+
+impl Capabilities {
+    /// Capabilities with the given safety and fencing, polling for waits, TTL renewal by
+    /// `extend`, and TTLs from 1 ms to [`DEFAULT_MAX_TTL`].
+    pub const fn new(safety: SafetyClass, fencing: FencingKind) -> Self {
+        Self {
+            safety,
+            fencing,
+            wait: WaitKind::Poll,
+            renewal: RenewalKind::Extend,
+            min_ttl: Duration::from_millis(1),
+            max_ttl: DEFAULT_MAX_TTL,
+        }
+    }
+
+    /// Sets how the backend waits.
+    pub const fn with_wait(mut self, wait: WaitKind) -> Self {
+        self.wait = wait;
+        self
+    }
+
+    /// Sets how grants stay alive.
+    pub const fn with_renewal(mut self, renewal: RenewalKind) -> Self {
+        self.renewal = renewal;
+        self
+    }
+
+    /// Sets the range of accepted TTLs.
+    pub const fn with_ttl_range(mut self, min: Duration, max: Duration) -> Self {
+        self.min_ttl = min;
+        self.max_ttl = max;
+        self
+    }
+
+    /// Why this backend cannot serve correctness locks, or `None` if it can.
+    ///
+    /// Correctness needs both consensus-grade (or transactional) safety and strictly increasing,
+    /// durable fencing tokens.
+    pub fn correctness_gap(&self) -> Option<String> {
+        let mut why = Vec::new();
+        match self.safety {
+            SafetyClass::Correctness => {}
+            SafetyClass::Process => {
+                why.push("mutual exclusion holds only within one process".to_owned())
+            }
+            SafetyClass::Efficiency => why
+                .push("safety depends on bounded clock drift, pauses and network delay".to_owned()),
+        }
+        match self.fencing {
+            FencingKind::Monotonic => {}
+            FencingKind::BestEffort => {
+                why.push("fencing tokens can go back if the server loses its data".to_owned())
+            }
+            FencingKind::None => why.push("no fencing token".to_owned()),
+        }
+        if why.is_empty() {
+            None
+        } else {
+            Some(why.join("; "))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn correctness_gap_names_each_missing_property() {
+        let ok = Capabilities::new(SafetyClass::Correctness, FencingKind::Monotonic);
+        assert_eq!(ok.correctness_gap(), None);
+        let redlock = Capabilities::new(SafetyClass::Efficiency, FencingKind::None);
+        let gap = redlock.correctness_gap().unwrap_or_default();
+        assert!(gap.contains("no fencing token"), "{gap}");
+        assert!(gap.contains("clock drift"), "{gap}");
+        let redis = Capabilities::new(SafetyClass::Efficiency, FencingKind::BestEffort);
+        assert!(
+            redis
+                .correctness_gap()
+                .unwrap_or_default()
+                .contains("loses its data")
+        );
+    }
+}

@@ -1,0 +1,613 @@
+//! Leases: the guard of a held lock, its validity deadline, and the lost-lease signal.
+
+use std::fmt;
+use std::future::{Future, IntoFuture};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::task::AbortHandle;
+use tokio::time::Instant;
+
+use crate::backend::{ExtendRequest, GrantState, Held, LockBackend, Validity};
+use crate::caps::Capabilities;
+use crate::error::Error;
+use crate::key::LockKey;
+use crate::policy::{Drift, check_ttl};
+use crate::token::{FencingToken, Owner};
+
+/// Why a lease is no longer held.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LossReason {
+    /// The validity deadline passed without a successful renewal.
+    Expired,
+    /// The backend says our grant is gone (expired on the server, or someone else holds it).
+    NotHeld,
+    /// Renewal kept failing until the validity deadline passed; the last error.
+    RenewalFailed(Arc<str>),
+    /// The backend reported the loss itself (a dead session, a revoked lease).
+    Backend(Arc<str>),
+    /// We released it (or dropped the [`Lease`]).
+    Released,
+}
+
+impl fmt::Display for LossReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Expired => f.write_str("validity deadline passed"),
+            Self::NotHeld => f.write_str("the backend no longer holds our grant"),
+            Self::RenewalFailed(e) => write!(f, "renewal failed: {e}"),
+            Self::Backend(e) => write!(f, "{e}"),
+            Self::Released => f.write_str("released"),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Status {
+    /// `None` until the grant is known.
+    valid_until: Option<Instant>,
+    lost: Option<LossReason>,
+}
+
+impl Status {
+    fn loss(&self, now: Instant) -> Option<LossReason> {
+        if let Some(r) = &self.lost {
+            return Some(r.clone());
+        }
+        match self.valid_until {
+            Some(t) if now >= t => Some(LossReason::Expired),
+            _ => None,
+        }
+    }
+}
+
+/// The status of one lease, shared by the lease, its lost signals and its monitor.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    tx: watch::Sender<Status>,
+    drift: Drift,
+}
+
+impl Shared {
+    pub(crate) fn new(drift: Drift) -> Arc<Self> {
+        let (tx, _) = watch::channel(Status {
+            valid_until: None,
+            lost: None,
+        });
+        Arc::new(Self { tx, drift })
+    }
+
+    /// Moves the deadline to match `v`, unless the lease is already lost (loss is final, and a
+    /// deadline that has passed is a loss even if a late renewal arrives).
+    fn renew(&self, v: Validity) -> Result<(), LossReason> {
+        let deadline = self.drift.deadline(v);
+        let now = Instant::now();
+        let mut outcome = Ok(());
+        self.tx.send_if_modified(|s| match s.loss(now) {
+            Some(r) => {
+                let changed = s.lost.is_none();
+                s.lost = Some(r.clone());
+                outcome = Err(r);
+                changed
+            }
+            None => {
+                s.valid_until = Some(deadline);
+                true
+            }
+        });
+        outcome
+    }
+
+    fn lose(&self, reason: LossReason) {
+        self.tx.send_if_modified(|s| {
+            if s.lost.is_some() {
+                return false;
+            }
+            s.lost = Some(reason);
+            true
+        });
+    }
+
+    fn status(&self) -> Status {
+        self.tx.borrow().clone()
+    }
+}
+
+/// The backend's side of a lease: where a backend that watches its grants reports renewed
+/// validity or loss.
+///
+/// A session-based backend (PostgreSQL's health check, etcd's keep-alive stream) keeps a clone
+/// for each grant and calls [`renewed`](Self::renewed) after each successful check and
+/// [`lost`](Self::lost) when the grant is gone; the lease's [lost signal](Lease::lost) then
+/// fires. It holds the lease weakly: once the lease is dropped, calls do nothing and
+/// [`is_closed`](Self::is_closed) turns true, so the backend can stop watching.
+#[derive(Debug, Clone)]
+pub struct LeaseMonitor {
+    shared: Weak<Shared>,
+}
+
+impl LeaseMonitor {
+    pub(crate) fn new(shared: &Arc<Shared>) -> Self {
+        Self {
+            shared: Arc::downgrade(shared),
+        }
+    }
+
+    /// A monitor attached to no lease, for calling a backend directly in tests.
+    pub fn detached() -> Self {
+        Self {
+            shared: Weak::new(),
+        }
+    }
+
+    /// The grant was confirmed alive; its validity is now `v`. Returns `false` if the lease is
+    /// gone or already lost (a passed deadline is final), so the backend can stop watching.
+    pub fn renewed(&self, v: Validity) -> bool {
+        self.shared.upgrade().is_some_and(|s| s.renew(v).is_ok())
+    }
+
+    /// The grant is gone; fires the lease's lost signal with `reason`.
+    pub fn lost(&self, reason: impl Into<Arc<str>>) {
+        if let Some(s) = self.shared.upgrade() {
+            s.lose(LossReason::Backend(reason.into()));
+        }
+    }
+
+    /// Whether the lease has been dropped or lost, so there is nothing left to watch.
+    pub fn is_closed(&self) -> bool {
+        self.shared
+            .upgrade()
+            .is_none_or(|s| s.status().loss(Instant::now()).is_some())
+    }
+}
+
+/// A future that completes when a lease is lost, with the reason; cheap to clone.
+///
+/// It completes when renewal fails, when the backend reports the loss, when the validity
+/// deadline passes unrenewed, or when the lease is released or dropped
+/// ([`LossReason::Released`]) — whichever comes first. It is `'static`, so it can be moved into
+/// a task or a response future and used with `tokio::select!`.
+#[derive(Debug, Clone)]
+pub struct LostSignal {
+    rx: watch::Receiver<Status>,
+}
+
+impl LostSignal {
+    /// Whether the lease is lost now (cheap: no I/O, no await).
+    pub fn is_lost(&self) -> bool {
+        self.reason().is_some()
+    }
+
+    /// Why the lease is lost, if it is.
+    pub fn reason(&self) -> Option<LossReason> {
+        if self.rx.has_changed().is_err() {
+            return Some(LossReason::Released);
+        }
+        self.rx.borrow().loss(Instant::now())
+    }
+
+    /// Waits until the lease is lost.
+    pub async fn wait(mut self) -> LossReason {
+        loop {
+            let status = self.rx.borrow_and_update().clone();
+            if let Some(r) = status.loss(Instant::now()) {
+                return r;
+            }
+            match status.valid_until {
+                Some(deadline) => {
+                    tokio::select! {
+                        changed = self.rx.changed() => {
+                            if changed.is_err() {
+                                return LossReason::Released;
+                            }
+                        }
+                        () = tokio::time::sleep_until(deadline) => {}
+                    }
+                }
+                None => {
+                    if self.rx.changed().await.is_err() {
+                        return LossReason::Released;
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl IntoFuture for LostSignal {
+    type Output = LossReason;
+    type IntoFuture = Pin<Box<dyn Future<Output = LossReason> + Send + 'static>>;
+
+    fn into_future(self) -> Self::IntoFuture {
+        Box::pin(self.wait())
+    }
+}
+
+/// A cloneable description of a held lease, for handing to code that must not own the guard:
+/// a request handler that sends the fencing token to storage, a task that watches for loss.
+#[derive(Debug, Clone)]
+pub struct LeaseInfo {
+    /// The locked key.
+    pub key: LockKey,
+    /// Our owner value.
+    pub owner: Owner,
+    /// The fencing token, for backends that mint one.
+    pub fencing: Option<FencingToken>,
+    /// The backend's name.
+    pub backend: &'static str,
+    /// Completes when the lease is lost.
+    pub lost: LostSignal,
+}
+
+struct Inner {
+    key: LockKey,
+    owner: Owner,
+    fencing: Option<FencingToken>,
+    state: Option<GrantState>,
+    backend: Arc<dyn LockBackend>,
+    caps: Capabilities,
+    shared: Arc<Shared>,
+    ttl: Mutex<Duration>,
+    released: AtomicBool,
+    watchdog: Mutex<Option<AbortHandle>>,
+}
+
+impl Inner {
+    fn held(&self) -> Held<'_> {
+        Held::new(
+            &self.key,
+            &self.owner,
+            self.fencing,
+            self.state.as_deref().map(|s| s as _),
+        )
+    }
+
+    fn ttl(&self) -> Duration {
+        *self.ttl.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn stop_watchdog(&self) {
+        let handle = self
+            .watchdog
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(h) = handle {
+            h.abort();
+        }
+    }
+}
+
+/// A held lock: the guard returned by [`Locker`](crate::Locker).
+///
+/// It carries the key, our owner value, the fencing token (for backends that mint one) and a
+/// validity deadline on the monotonic clock, counted from the instant *before* the request was
+/// sent, minus the drift margin. Past that deadline the lease must be treated as lost even if
+/// nobody said so: use [`lost`](Self::lost) (a future to `select!` on), [`is_lost`](Self::is_lost)
+/// (a cheap check) or [`run`](Self::run) (cancels work when the lease is lost).
+///
+/// # Cancellation and drop
+///
+/// - [`release`](Self::release) is the way to let go: it tells you whether you still held the
+///   lock. If its future is dropped before it finishes, the lease counts as not released and the
+///   drop below still happens.
+/// - Dropping a `Lease` without releasing it starts a **best-effort background release** on the
+///   current Tokio runtime and returns at once: it never blocks and never panics. Release on drop
+///   is therefore *not immediate*: another client may find the lock held for one more round
+///   trip. With no runtime left (the runtime is shutting down, or the lease is dropped outside
+///   one), nothing can be sent; the grant then ends by TTL, session end or lease expiry, as the
+///   backend's liveness rule says.
+/// - The renewal watchdog stops when the lease is released or dropped.
+pub struct Lease {
+    inner: Arc<Inner>,
+}
+
+impl Lease {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        key: LockKey,
+        owner: Owner,
+        fencing: Option<FencingToken>,
+        state: Option<GrantState>,
+        backend: Arc<dyn LockBackend>,
+        caps: Capabilities,
+        shared: Arc<Shared>,
+        validity: Validity,
+        ttl: Duration,
+    ) -> Self {
+        shared
+            .tx
+            .send_modify(|s| s.valid_until = Some(shared.drift.deadline(validity)));
+        Self {
+            inner: Arc::new(Inner {
+                key,
+                owner,
+                fencing,
+                state,
+                backend,
+                caps,
+                shared,
+                ttl: Mutex::new(ttl),
+                released: AtomicBool::new(false),
+                watchdog: Mutex::new(None),
+            }),
+        }
+    }
+
+    /// Starts the renewal watchdog: extend every `interval` until released, dropped or lost.
+    pub(crate) fn start_watchdog(&self, interval: Duration) {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!(key = %self.inner.key, "no Tokio runtime: lease renewal is off");
+            return;
+        };
+        let task = rt.spawn(watchdog(Arc::downgrade(&self.inner), interval));
+        *self
+            .inner
+            .watchdog
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(task.abort_handle());
+    }
+
+    /// The locked key.
+    pub fn key(&self) -> &LockKey {
+        &self.inner.key
+    }
+
+    /// Our owner value for this acquisition.
+    pub fn owner(&self) -> &Owner {
+        &self.inner.owner
+    }
+
+    /// The fencing token: send it with every write and have the resource reject lower ones.
+    /// `None` for backends that mint none ([`FencingKind::None`](crate::FencingKind::None)).
+    pub fn fencing_token(&self) -> Option<FencingToken> {
+        self.inner.fencing
+    }
+
+    /// The backend's name.
+    pub fn backend_name(&self) -> &'static str {
+        self.inner.backend.name()
+    }
+
+    /// The validity deadline on the monotonic clock: act as the holder only before it.
+    pub fn valid_until(&self) -> Instant {
+        self.inner
+            .shared
+            .status()
+            .valid_until
+            .unwrap_or_else(Instant::now)
+    }
+
+    /// Time left before the validity deadline (zero once passed).
+    pub fn remaining(&self) -> Duration {
+        self.valid_until().saturating_duration_since(Instant::now())
+    }
+
+    /// Whether the lease is lost now: cheap, no I/O.
+    pub fn is_lost(&self) -> bool {
+        self.loss_reason().is_some()
+    }
+
+    /// Why the lease is lost, if it is.
+    pub fn loss_reason(&self) -> Option<LossReason> {
+        self.inner.shared.status().loss(Instant::now())
+    }
+
+    /// A future that completes when the lease is lost (see [`LostSignal`]).
+    pub fn lost(&self) -> LostSignal {
+        LostSignal {
+            rx: self.inner.shared.tx.subscribe(),
+        }
+    }
+
+    /// A cloneable description of this lease.
+    pub fn info(&self) -> LeaseInfo {
+        LeaseInfo {
+            key: self.inner.key.clone(),
+            owner: self.inner.owner.clone(),
+            fencing: self.inner.fencing,
+            backend: self.backend_name(),
+            lost: self.lost(),
+        }
+    }
+
+    /// Runs `work` under the lease: if the lease is lost first, `work` is dropped (cancelled)
+    /// and the result is an [`ErrorKind::LeaseLost`](crate::ErrorKind::LeaseLost) error that
+    /// says why.
+    pub async fn run<F: Future>(&self, work: F) -> Result<F::Output, Error> {
+        let lost = self.lost();
+        tokio::select! {
+            biased;
+            reason = lost.wait() => Err(self.lost_error(reason)),
+            out = work => Ok(out),
+        }
+    }
+
+    /// Re-arms the lease for `ttl` if we still hold it, moving the validity deadline to
+    /// `now + ttl − drift`. If the backend says we no longer hold it, the lost signal fires and
+    /// the error is [`ErrorKind::LeaseLost`](crate::ErrorKind::LeaseLost). A fault (the backend
+    /// unreachable) is returned as is: the lease stays valid until its current deadline.
+    pub async fn extend(&self, ttl: Duration) -> Result<(), Error> {
+        check_ttl(ttl, &self.inner.shared.drift, &self.inner.caps)?;
+        if let Some(reason) = self.loss_reason() {
+            return Err(self.lost_error(reason));
+        }
+        let started = Instant::now();
+        let outcome = self
+            .inner
+            .backend
+            .extend(ExtendRequest::new(self.inner.held(), ttl, started))
+            .await;
+        let result = match outcome {
+            Ok(Some(v)) => match self.inner.shared.renew(v) {
+                Ok(()) => {
+                    *self
+                        .inner
+                        .ttl
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner) = ttl;
+                    Ok(())
+                }
+                Err(reason) => Err(self.lost_error(reason)),
+            },
+            Ok(None) => {
+                self.inner.shared.lose(LossReason::NotHeld);
+                Err(self.lost_error(LossReason::NotHeld))
+            }
+            Err(e) => Err(e),
+        };
+        tracing::debug!(
+            key = %self.inner.key,
+            backend = self.backend_name(),
+            outcome = if result.is_ok() { "extended" } else { "failed" },
+            elapsed_ms = started.elapsed().as_secs_f64() * 1e3,
+            "leasehold.extend"
+        );
+        result
+    }
+
+    /// Stops the renewal watchdog, if one runs: the lease then lasts until its current deadline.
+    pub fn stop_renewal(&self) {
+        self.inner.stop_watchdog();
+    }
+
+    /// Releases the lock: `Ok(true)` if we still held it, `Ok(false)` if it was already gone
+    /// (expired, taken over, released before). Idempotent: after a successful release, further
+    /// calls return `Ok(false)` without contacting the backend. After an error the lease is
+    /// still considered held: call again, or drop it to release in the background.
+    pub async fn release(&self) -> Result<bool, Error> {
+        if self.inner.released.load(Ordering::Acquire) {
+            return Ok(false);
+        }
+        self.inner.stop_watchdog();
+        let started = Instant::now();
+        let result = self.inner.backend.release(self.inner.held()).await;
+        if result.is_ok() && !self.inner.released.swap(true, Ordering::AcqRel) {
+            self.inner.shared.lose(LossReason::Released);
+        }
+        tracing::debug!(
+            key = %self.inner.key,
+            backend = self.backend_name(),
+            outcome = match &result {
+                Ok(true) => "released",
+                Ok(false) => "not held",
+                Err(_) => "failed",
+            },
+            elapsed_ms = started.elapsed().as_secs_f64() * 1e3,
+            "leasehold.release"
+        );
+        result
+    }
+
+    fn lost_error(&self, reason: LossReason) -> Error {
+        Error::lease_lost(self.backend_name(), &self.inner.key, reason)
+    }
+}
+
+impl fmt::Debug for Lease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Lease")
+            .field("key", &self.inner.key)
+            .field("backend", &self.backend_name())
+            .field("owner", &self.inner.owner)
+            .field("fencing", &self.inner.fencing)
+            .field("remaining", &self.remaining())
+            .field("lost", &self.loss_reason())
+            .finish()
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if self.inner.released.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        self.inner.stop_watchdog();
+        self.inner.shared.lose(LossReason::Released);
+        let inner = Arc::clone(&self.inner);
+        let spawned = spawn_detached(async move {
+            match inner.backend.release(inner.held()).await {
+                Ok(held) => tracing::debug!(
+                    key = %inner.key, backend = inner.backend.name(), held,
+                    "leasehold.release (on drop)"
+                ),
+                Err(e) => tracing::warn!(
+                    key = %inner.key, backend = inner.backend.name(), error = %e,
+                    "leasehold.release on drop failed; the grant ends by its TTL or session"
+                ),
+            }
+        });
+        if !spawned {
+            tracing::warn!(
+                key = %self.inner.key,
+                "lease dropped outside a Tokio runtime; the grant ends by its TTL or session"
+            );
+        }
+    }
+}
+
+/// Spawns `fut` on the current Tokio runtime, if there is one. Never blocks, never panics.
+pub(crate) fn spawn_detached(fut: impl Future<Output = ()> + Send + 'static) -> bool {
+    match tokio::runtime::Handle::try_current() {
+        Ok(rt) => {
+            drop(rt.spawn(fut));
+            true
+        }
+        Err(_) => false,
+    }
+}
+
+async fn watchdog(lease: Weak<Inner>, interval: Duration) {
+    let mut next = Instant::now() + interval;
+    loop {
+        tokio::time::sleep_until(next).await;
+        let Some(inner) = lease.upgrade() else { return };
+        let status = inner.shared.status();
+        if status.loss(Instant::now()).is_some() {
+            return;
+        }
+        let ttl = inner.ttl();
+        let started = Instant::now();
+        match inner
+            .backend
+            .extend(ExtendRequest::new(inner.held(), ttl, started))
+            .await
+        {
+            Ok(Some(v)) => {
+                if inner.shared.renew(v).is_err() {
+                    return;
+                }
+                tracing::trace!(key = %inner.key, backend = inner.backend.name(), "leasehold.renew");
+                next = started + interval;
+            }
+            Ok(None) => {
+                tracing::warn!(key = %inner.key, backend = inner.backend.name(),
+                    "leasehold.lost: renewal found the grant gone");
+                inner.shared.lose(LossReason::NotHeld);
+                return;
+            }
+            Err(e) => {
+                let now = Instant::now();
+                let deadline = inner.shared.status().valid_until.unwrap_or(now);
+                if now >= deadline {
+                    tracing::warn!(key = %inner.key, backend = inner.backend.name(), error = %e,
+                        "leasehold.lost: renewal failed until the deadline");
+                    inner
+                        .shared
+                        .lose(LossReason::RenewalFailed(Arc::from(e.to_string())));
+                    return;
+                }
+                tracing::debug!(key = %inner.key, backend = inner.backend.name(), error = %e,
+                    "leasehold.renew failed; retrying before the deadline");
+                let retry = (interval / 4)
+                    .min((deadline - now) / 2)
+                    .max(Duration::from_millis(1));
+                next = now + retry;
+            }
+        }
+    }
+}

@@ -1,0 +1,51 @@
+//! The lock contract of **leasehold**: one API over several lock backends.
+//!
+//! A distributed lock is a **lease**: it expires, and its holder can be paused or delayed past
+//! the expiry and then act on a lock it no longer has. This crate gives every backend the same
+//! shape and makes the hazards explicit:
+//!
+//! - [`LockBackend`] is the small trait a backend implements: try once, wait natively (or say it
+//!   can't), release, extend, inspect, and declare its [`Capabilities`] (safety class, fencing
+//!   kind, native wait, renewal).
+//! - [`Locker`] implements everything else once, for every backend: waiting with a budget
+//!   (native or capped exponential backoff with full jitter), fresh 160-bit owner values from
+//!   the OS CSPRNG, validity deadlines counted from before the request minus a drift margin, a
+//!   renewal watchdog, and cancellation safety.
+//! - [`Lease`] is the guard: key, owner, optional [`FencingToken`], validity deadline, a
+//!   [lost signal](Lease::lost) that fires when the lease is gone, and release on drop.
+//! - [`MemoryBackend`] is the in-process default.
+//!
+//! # What this does not promise
+//!
+//! A lease can always be lost while its holder is paused; only a **fencing token** checked by
+//! the resource (which rejects a token lower than one it has seen) makes that harmless. Backends
+//! declare whether they mint one; `Capabilities::correctness_gap` explains what a backend lacks
+//! for correctness-critical use.
+//!
+//! This crate depends on no driver: drivers live in `leasehold-redis`, `leasehold-postgres` and
+//! `leasehold-etcd`, and the facade `leasehold` re-exports them.
+
+mod backend;
+mod caps;
+mod error;
+mod key;
+mod lease;
+mod locker;
+mod memory;
+mod policy;
+mod token;
+
+pub use backend::{
+    ExtendRequest, Grant, GrantState, Held, HolderInfo, LockBackend, LockRequest, Validity, Waited,
+};
+pub use caps::{Capabilities, DEFAULT_MAX_TTL, FencingKind, RenewalKind, SafetyClass, WaitKind};
+pub use error::{Error, ErrorKind, NodeError};
+pub use key::{IntoLockKey, KeyError, LockKey, MAX_KEY_LEN};
+pub use lease::{Lease, LeaseInfo, LeaseMonitor, LossReason, LostSignal};
+pub use locker::Locker;
+pub use memory::MemoryBackend;
+pub use policy::{Backoff, Drift, LockOptions, Renewal};
+pub use token::{FencingToken, OWNER_BYTES, Owner};
+
+/// Re-exported so backends can implement [`LockBackend`] without depending on it themselves.
+pub use async_trait::async_trait;

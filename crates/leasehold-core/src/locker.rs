@@ -1,0 +1,344 @@
+//! The [`Locker`]: every convenience, implemented once over any backend.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use crate::backend::{Held, HolderInfo, LockBackend, LockRequest};
+use crate::caps::{Capabilities, RenewalKind, WaitKind};
+use crate::error::{Error, ErrorKind};
+use crate::key::{IntoLockKey, LockKey};
+use crate::lease::{Lease, LeaseInfo, LeaseMonitor, Shared, spawn_detached};
+use crate::policy::{API, LockOptions};
+use crate::token::Owner;
+
+/// Acquires leases from one backend: trying once, waiting with a budget, renewing, and cleaning
+/// up after cancelled acquisitions. Cheap to clone (the backend and options are shared).
+///
+/// ```
+/// # async fn demo() -> Result<(), leasehold_core::Error> {
+/// use std::time::Duration;
+/// use leasehold_core::{Locker, MemoryBackend};
+///
+/// let locker = Locker::new(MemoryBackend::new());
+/// let lease = locker.acquire("reports/daily", Duration::from_secs(5)).await?;
+/// let token = lease.fencing_token(); // send it with every write
+/// assert!(locker.try_acquire("reports/daily").await?.is_none()); // held: not an error
+/// assert!(lease.release().await?);
+/// # let _ = token; Ok(()) }
+/// # tokio::runtime::Runtime::new().unwrap().block_on(demo()).unwrap();
+/// ```
+///
+/// # Cancellation
+///
+/// Every method is cancel-safe: dropping an acquire future at any await point leaves nothing
+/// held. If the future is dropped while a request is in flight (or a request fails in a way that
+/// leaves its outcome unknown), the `Locker` releases by owner value in the background, so a
+/// grant that reached the server anyway does not linger until its TTL.
+#[derive(Clone)]
+pub struct Locker {
+    backend: Arc<dyn LockBackend>,
+    caps: Capabilities,
+    options: Arc<LockOptions>,
+}
+
+impl fmt::Debug for Locker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Locker")
+            .field("backend", &self.backend)
+            .field("options", &self.options)
+            .finish()
+    }
+}
+
+enum Mode {
+    Try,
+    Wait(Instant),
+}
+
+impl Locker {
+    /// A locker over `backend` with default [`LockOptions`] (30 s TTL, renewal every 10 s).
+    pub fn new(backend: impl LockBackend) -> Self {
+        Self::from_arc(Arc::new(backend))
+    }
+
+    /// A locker over a shared backend (for example one chosen by configuration).
+    pub fn from_arc(backend: Arc<dyn LockBackend>) -> Self {
+        let caps = backend.capabilities();
+        let mut options = LockOptions::default();
+        // The default TTL must suit the backend; clamp it into the declared range.
+        options.ttl = options.ttl.clamp(caps.min_ttl, caps.max_ttl);
+        Self {
+            backend,
+            caps,
+            options: Arc::new(options),
+        }
+    }
+
+    /// The same locker with other options, checked against the backend's capabilities.
+    pub fn with_options(mut self, options: LockOptions) -> Result<Self, Error> {
+        options.validate(&self.caps)?;
+        self.options = Arc::new(options);
+        Ok(self)
+    }
+
+    /// The same locker with another TTL.
+    pub fn with_ttl(self, ttl: Duration) -> Result<Self, Error> {
+        let options = (*self.options).clone().with_ttl(ttl);
+        self.with_options(options)
+    }
+
+    /// The options in force.
+    pub fn options(&self) -> &LockOptions {
+        &self.options
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> &Arc<dyn LockBackend> {
+        &self.backend
+    }
+
+    /// The backend's capabilities.
+    pub fn capabilities(&self) -> Capabilities {
+        self.caps
+    }
+
+    /// One attempt: `Ok(None)` if someone else holds the lock (contention is not an error).
+    pub async fn try_acquire(&self, key: impl IntoLockKey) -> Result<Option<Lease>, Error> {
+        let key = key
+            .into_lock_key()
+            .map_err(|e| Error::invalid_key(self.backend.name(), e))?;
+        let span = tracing::debug_span!("leasehold.try_acquire", backend = self.backend.name(), key = %key);
+        async {
+            let started = Instant::now();
+            let result = self.attempt(&key, Mode::Try).await.map(|(lease, _)| lease);
+            log_outcome(&result.as_ref().map(Option::is_some), 1, started);
+            result
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// Acquires the lock, waiting at most `wait`.
+    ///
+    /// Uses the backend's native wait when it has one, else retries with capped, fully jittered
+    /// exponential backoff ([`Backoff`](crate::Backoff)). A zero budget makes exactly one
+    /// attempt. Retryable faults are retried within the budget too. At the deadline the error is
+    /// [`ErrorKind::Timeout`], with [`Error::attempts`] set and the last fault, if any, as its
+    /// source.
+    pub async fn acquire(&self, key: impl IntoLockKey, wait: Duration) -> Result<Lease, Error> {
+        let key = key
+            .into_lock_key()
+            .map_err(|e| Error::invalid_key(self.backend.name(), e))?;
+        let span =
+            tracing::debug_span!("leasehold.acquire", backend = self.backend.name(), key = %key);
+        async {
+            let started = Instant::now();
+            let mut attempts = 0u32;
+            let result = self.acquire_inner(&key, wait, started, &mut attempts).await;
+            log_outcome(&result.as_ref().map(|_| true), attempts, started);
+            result
+        }
+        .instrument(span)
+        .await
+    }
+
+    async fn acquire_inner(
+        &self,
+        key: &LockKey,
+        wait: Duration,
+        started: Instant,
+        attempts: &mut u32,
+    ) -> Result<Lease, Error> {
+        let deadline = started
+            .checked_add(wait)
+            .unwrap_or(started + Duration::from_secs(86_400 * 365));
+        let native = self.caps.wait == WaitKind::Native && !wait.is_zero();
+        let mut last_fault: Option<Error> = None;
+        let mut retry = 0u32;
+        loop {
+            let mode = if native {
+                Mode::Wait(deadline)
+            } else {
+                Mode::Try
+            };
+            match self.attempt(key, mode).await {
+                Ok((Some(lease), n)) => {
+                    *attempts += n;
+                    return Ok(lease);
+                }
+                Ok((None, n)) => *attempts += n,
+                Err(e) if e.is_retryable() => {
+                    *attempts += 1;
+                    tracing::debug!(error = %e, "leasehold.acquire: retryable fault");
+                    last_fault = Some(e);
+                }
+                Err(e) => return Err(e),
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                let mut err = Error::new(
+                    ErrorKind::Timeout,
+                    self.backend.name(),
+                    format!("could not acquire {key:?} within {wait:?}"),
+                )
+                .with_attempts(*attempts);
+                if let Some(fault) = last_fault {
+                    err = err.with_source(fault);
+                }
+                return Err(err);
+            }
+            retry += 1;
+            let delay = self.options.backoff.delay(retry).min(deadline - now);
+            if delay.is_zero() {
+                tokio::task::yield_now().await;
+            } else {
+                tokio::time::sleep(delay).await;
+            }
+        }
+    }
+
+    /// Acquires the lock (waiting at most `wait`), runs `work` under the lease, then releases.
+    ///
+    /// `work` receives a [`LeaseInfo`] (key, fencing token, lost signal). If the lease is lost
+    /// before `work` finishes, `work` is cancelled and the error is [`ErrorKind::LeaseLost`]. A
+    /// failure to release after `work` succeeded is logged, not returned: the work's result is
+    /// not thrown away, and the grant ends by its TTL or session.
+    pub async fn with_lock<F, Fut, T>(
+        &self,
+        key: impl IntoLockKey,
+        wait: Duration,
+        work: F,
+    ) -> Result<T, Error>
+    where
+        F: FnOnce(LeaseInfo) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        let lease = self.acquire(key, wait).await?;
+        let out = lease.run(work(lease.info())).await;
+        if let Err(e) = lease.release().await {
+            tracing::warn!(key = %lease.key(), error = %e, "leasehold.with_lock: release failed");
+        }
+        out
+    }
+
+    /// What the backend can tell about the current holder of `key`.
+    pub async fn inspect(&self, key: impl IntoLockKey) -> Result<Option<HolderInfo>, Error> {
+        let key = key
+            .into_lock_key()
+            .map_err(|e| Error::invalid_key(self.backend.name(), e))?;
+        self.backend.inspect(&key).await
+    }
+
+    /// One request to the backend, with cleanup if it is cancelled or its outcome is unknown.
+    async fn attempt(&self, key: &LockKey, mode: Mode) -> Result<(Option<Lease>, u32), Error> {
+        let owner = Owner::random().map_err(|e| {
+            Error::new(ErrorKind::Unavailable, API, "the OS random source failed").with_source(e)
+        })?;
+        let ttl = self.options.ttl;
+        let shared = Shared::new(self.options.drift);
+        let monitor = LeaseMonitor::new(&shared);
+        let mut cleanup = Cleanup {
+            backend: Arc::clone(&self.backend),
+            key: key.clone(),
+            owner: owner.clone(),
+            armed: true,
+        };
+        let started = Instant::now();
+        let req = LockRequest::new(key, &owner, ttl, started, &monitor);
+        let outcome = match mode {
+            Mode::Try => self.backend.try_lock(req).await.map(|g| (g, 1)),
+            Mode::Wait(deadline) => self
+                .backend
+                .wait_lock(req, deadline)
+                .await
+                .map(|w| (w.grant, w.attempts.max(1))),
+        };
+        let (grant, attempts) = match outcome {
+            Ok(v) => v,
+            Err(e) => {
+                // Our request may have reached the server; unless the error says nothing was
+                // sent, the cleanup releases by owner as it drops.
+                if matches!(
+                    e.kind(),
+                    ErrorKind::InvalidKey
+                        | ErrorKind::InvalidArgument
+                        | ErrorKind::InvalidConfig
+                        | ErrorKind::Unsupported
+                ) {
+                    cleanup.armed = false;
+                }
+                return Err(e);
+            }
+        };
+        cleanup.armed = false;
+        let Some(grant) = grant else {
+            return Ok((None, attempts));
+        };
+        let lease = Lease::new(
+            key.clone(),
+            owner,
+            grant.fencing,
+            grant.state,
+            Arc::clone(&self.backend),
+            self.caps,
+            shared,
+            grant.validity,
+            ttl,
+        );
+        if lease.is_lost() {
+            // The answer came too late to be of use: the grant is already past its validity.
+            // Dropping the lease releases it.
+            return Err(Error::new(
+                ErrorKind::Timeout,
+                self.backend.name(),
+                format!("the grant of {key:?} arrived after its validity deadline"),
+            ));
+        }
+        if self.caps.renewal == RenewalKind::Extend
+            && let Some(interval) = self.options.renewal_interval()
+        {
+            lease.start_watchdog(interval);
+        }
+        Ok((Some(lease), attempts))
+    }
+}
+
+fn log_outcome(result: &Result<bool, &Error>, attempts: u32, started: Instant) {
+    let elapsed_ms = started.elapsed().as_secs_f64() * 1e3;
+    match result {
+        Ok(true) => tracing::debug!(outcome = "acquired", attempts, elapsed_ms),
+        Ok(false) => tracing::debug!(outcome = "held elsewhere", attempts, elapsed_ms),
+        Err(e) => tracing::debug!(outcome = "failed", error = %e, attempts, elapsed_ms),
+    }
+}
+
+/// Releases by owner, in the background, an acquisition whose outcome was never seen.
+struct Cleanup {
+    backend: Arc<dyn LockBackend>,
+    key: LockKey,
+    owner: Owner,
+    armed: bool,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let backend = Arc::clone(&self.backend);
+        let key = self.key.clone();
+        let owner = self.owner.clone();
+        spawn_detached(async move {
+            let held = Held::new(&key, &owner, None, None);
+            if let Err(e) = backend.release(held).await {
+                tracing::warn!(key = %key, backend = backend.name(), error = %e,
+                    "leasehold: cleanup of an abandoned acquisition failed");
+            }
+        });
+    }
+}

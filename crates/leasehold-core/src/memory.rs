@@ -1,0 +1,337 @@
+//! The in-memory backend: exact semantics within one process.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use async_trait::async_trait;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::backend::{
+    ExtendRequest, Grant, Held, HolderInfo, LockBackend, LockRequest, Validity, Waited,
+};
+use crate::caps::{Capabilities, FencingKind, SafetyClass, WaitKind};
+use crate::error::Error;
+use crate::key::LockKey;
+use crate::token::{FencingToken, Owner};
+
+/// Locks held in this process's memory: the embedded default, and the reference the conformance
+/// suite is checked against.
+///
+/// - Mutual exclusion is exact among all users of one `MemoryBackend` (clones share state), and
+///   nothing more: two processes, or two separate `MemoryBackend::new()`, never exclude each
+///   other ([`SafetyClass::Process`]).
+/// - TTLs run on Tokio's clock, so `tokio::time::pause()` drives them in tests.
+/// - Fencing tokens come from one process-wide counter per backend, so they strictly increase
+///   for every key ([`FencingKind::Monotonic`]).
+/// - Waiters are woken when the key is released, or when the holder's TTL runs out: no polling
+///   ([`WaitKind::Native`]).
+/// - A dropped holder's lease is released in the background (see [`Lease`](crate::Lease)).
+#[derive(Debug, Clone, Default)]
+pub struct MemoryBackend {
+    inner: Arc<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    slots: Mutex<HashMap<LockKey, Slot>>,
+    fence: AtomicU64,
+}
+
+#[derive(Debug)]
+struct Slot {
+    holder: Option<Holder>,
+    released: Arc<Notify>,
+    waiters: usize,
+}
+
+#[derive(Debug, Clone)]
+struct Holder {
+    owner: Owner,
+    fencing: FencingToken,
+    expires: Instant,
+}
+
+impl Holder {
+    fn live(&self, now: Instant) -> bool {
+        now < self.expires
+    }
+}
+
+const NAME: &str = "memory";
+
+impl MemoryBackend {
+    /// An empty backend.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// How many keys are held right now (expired grants don't count): the conformance suite's
+    /// leak check.
+    pub fn held_count(&self) -> usize {
+        let now = Instant::now();
+        self.slots()
+            .values()
+            .filter(|s| s.holder.as_ref().is_some_and(|h| h.live(now)))
+            .count()
+    }
+
+    fn slots(&self) -> MutexGuard<'_, HashMap<LockKey, Slot>> {
+        // No code path panics while holding the lock; recover the map if one ever did.
+        self.inner
+            .slots
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The synchronous core of `try_lock`: grants, or says when the current grant expires.
+    fn take(&self, req: &LockRequest<'_>) -> Result<Grant, Instant> {
+        let now = Instant::now();
+        let mut slots = self.slots();
+        let slot = slots.entry(req.key.clone()).or_insert_with(|| Slot {
+            holder: None,
+            released: Arc::new(Notify::new()),
+            waiters: 0,
+        });
+        if let Some(h) = &slot.holder
+            && h.live(now)
+        {
+            return Err(h.expires);
+        }
+        let fencing = FencingToken::new(self.inner.fence.fetch_add(1, Ordering::Relaxed) + 1);
+        slot.holder = Some(Holder {
+            owner: req.owner.clone(),
+            fencing,
+            expires: now + req.ttl,
+        });
+        Ok(Grant::new(req.ttl_validity()).with_fencing(fencing))
+    }
+
+    /// Removes `key`'s slot if nobody holds or waits on it, so the map doesn't grow forever.
+    fn tidy(slots: &mut HashMap<LockKey, Slot>, key: &LockKey, now: Instant) {
+        if let Some(slot) = slots.get(key)
+            && slot.waiters == 0
+            && slot.holder.as_ref().is_none_or(|h| !h.live(now))
+        {
+            slots.remove(key);
+        }
+    }
+}
+
+/// Keeps a slot alive while a waiter waits on it.
+struct WaiterGuard<'a> {
+    backend: &'a MemoryBackend,
+    key: &'a LockKey,
+}
+
+impl Drop for WaiterGuard<'_> {
+    fn drop(&mut self) {
+        let mut slots = self.backend.slots();
+        if let Some(slot) = slots.get_mut(self.key) {
+            slot.waiters = slot.waiters.saturating_sub(1);
+        }
+        MemoryBackend::tidy(&mut slots, self.key, Instant::now());
+    }
+}
+
+#[async_trait]
+impl LockBackend for MemoryBackend {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::new(SafetyClass::Process, FencingKind::Monotonic).with_wait(WaitKind::Native)
+    }
+
+    async fn try_lock(&self, req: LockRequest<'_>) -> Result<Option<Grant>, Error> {
+        let grant = self.take(&req).ok();
+        if grant.is_none() {
+            Self::tidy(&mut self.slots(), req.key, Instant::now());
+        }
+        Ok(grant)
+    }
+
+    async fn wait_lock(&self, req: LockRequest<'_>, deadline: Instant) -> Result<Waited, Error> {
+        let released = {
+            let mut slots = self.slots();
+            let slot = slots.entry(req.key.clone()).or_insert_with(|| Slot {
+                holder: None,
+                released: Arc::new(Notify::new()),
+                waiters: 0,
+            });
+            slot.waiters += 1;
+            Arc::clone(&slot.released)
+        };
+        let _guard = WaiterGuard {
+            backend: self,
+            key: req.key,
+        };
+        let mut attempts = 0;
+        loop {
+            // Register for the wake-up before looking, so a release in between is not missed.
+            let notified = released.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            attempts += 1;
+            let started = Instant::now();
+            let req = LockRequest::new(req.key, req.owner, req.ttl, started, req.monitor);
+            match self.take(&req) {
+                Ok(grant) => return Ok(Waited::new(Some(grant), attempts)),
+                Err(expires) => {
+                    if Instant::now() >= deadline {
+                        return Ok(Waited::new(None, attempts));
+                    }
+                    tokio::select! {
+                        () = &mut notified => {}
+                        () = tokio::time::sleep_until(expires.min(deadline)) => {}
+                    }
+                }
+            }
+        }
+    }
+
+    async fn release(&self, held: Held<'_>) -> Result<bool, Error> {
+        let now = Instant::now();
+        let mut slots = self.slots();
+        let Some(slot) = slots.get_mut(held.key) else {
+            return Ok(false);
+        };
+        let ours = slot.holder.as_ref().is_some_and(|h| h.owner == *held.owner);
+        if !ours {
+            return Ok(false);
+        }
+        let live = slot.holder.take().is_some_and(|h| h.live(now));
+        slot.released.notify_waiters();
+        Self::tidy(&mut slots, held.key, now);
+        Ok(live)
+    }
+
+    async fn extend(&self, req: ExtendRequest<'_>) -> Result<Option<Validity>, Error> {
+        let now = Instant::now();
+        let mut slots = self.slots();
+        let holder = slots
+            .get_mut(req.held.key)
+            .and_then(|s| s.holder.as_mut())
+            .filter(|h| h.owner == *req.held.owner && h.live(now));
+        Ok(holder.map(|h| {
+            h.expires = now + req.ttl;
+            req.ttl_validity()
+        }))
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
+        let now = Instant::now();
+        Ok(self
+            .slots()
+            .get(key)
+            .and_then(|s| s.holder.as_ref())
+            .filter(|h| h.live(now))
+            .map(|h| {
+                HolderInfo::unknown()
+                    .with_owner(h.owner.clone())
+                    .with_fencing(h.fencing)
+                    .with_remaining(h.expires.saturating_duration_since(now))
+            }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{ErrorKind, LockOptions, Locker, LossReason, Renewal};
+    use std::time::Duration;
+
+    fn locker(ttl_ms: u64, renewal: Renewal) -> Result<Locker, Error> {
+        Locker::new(MemoryBackend::new()).with_options(
+            LockOptions::default()
+                .with_ttl(Duration::from_millis(ttl_ms))
+                .with_renewal(renewal),
+        )
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn ttl_expiry_runs_on_tokio_time() -> Result<(), Error> {
+        let l = locker(1_000, Renewal::Off)?;
+        let a = l.try_acquire("k").await?.ok_or_else(|| missing("a"))?;
+        tokio::time::advance(Duration::from_millis(900)).await;
+        assert!(l.try_acquire("k").await?.is_none());
+        assert!(!a.is_lost());
+        // The lease is lost at ttl − drift (1000 − 12 ms), before the server-side expiry.
+        tokio::time::advance(Duration::from_millis(95)).await;
+        assert_eq!(a.loss_reason(), Some(LossReason::Expired));
+        assert!(l.try_acquire("k").await?.is_none());
+        tokio::time::advance(Duration::from_millis(10)).await;
+        let b = l.try_acquire("k").await?.ok_or_else(|| missing("b"))?;
+        assert!(b.fencing_token() > a.fencing_token());
+        assert!(!a.release().await?);
+        assert!(b.release().await?);
+        Ok(())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn watchdog_renews_and_waiters_wake_on_release() -> Result<(), Error> {
+        let l = locker(300, Renewal::Auto)?;
+        let a = l.try_acquire("k").await?.ok_or_else(|| missing("a"))?;
+        let waiter = {
+            let l = l.clone();
+            tokio::spawn(async move { l.acquire("k", Duration::from_secs(10)).await })
+        };
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert!(!a.is_lost());
+        assert!(!waiter.is_finished());
+        let t0 = Instant::now();
+        assert!(a.release().await?);
+        let b = waiter.await.map_err(|e| missing(&e.to_string()))??;
+        assert_eq!(Instant::now(), t0, "woken by the release, not by a poll");
+        assert!(b.fencing_token() > a.fencing_token());
+        Ok(())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn zero_budget_is_one_try() -> Result<(), Error> {
+        let l = locker(1_000, Renewal::Off)?;
+        let _a = l.try_acquire("k").await?;
+        let err = l
+            .acquire("k", Duration::ZERO)
+            .await
+            .err()
+            .ok_or_else(|| missing("timeout"))?;
+        assert_eq!(err.kind(), ErrorKind::Timeout);
+        assert_eq!(err.attempts(), Some(1));
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn dropped_lease_is_released_in_background() -> Result<(), Error> {
+        let backend = MemoryBackend::new();
+        let l = Locker::new(backend.clone());
+        drop(l.try_acquire("k").await?);
+        for _ in 0..100 {
+            if backend.held_count() == 0 {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(backend.held_count(), 0);
+        assert!(backend.slots().is_empty(), "no slot left behind");
+        Ok(())
+    }
+
+    #[test]
+    fn dropping_a_lease_without_a_runtime_does_not_panic() -> Result<(), Error> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .map_err(|e| missing(&e.to_string()))?;
+        let lease = rt.block_on(Locker::new(MemoryBackend::new()).try_acquire("k"))?;
+        drop(rt);
+        drop(lease);
+        Ok(())
+    }
+
+    fn missing(what: &str) -> Error {
+        Error::new(ErrorKind::Backend, "test", format!("expected {what}"))
+    }
+}

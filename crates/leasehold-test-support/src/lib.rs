@@ -1,0 +1,4 @@
+//! Dev-only test support for leasehold.
+
+pub mod proxy;
+pub mod services;

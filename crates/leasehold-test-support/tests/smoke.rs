@@ -1,0 +1,256 @@
+//! Smoke tests: every service that `scripts/services up` starts is reachable
+//! through `leasehold_test_support::services`.
+//!
+//! Locally a missing service skips its test (with a `SKIPPED:` line); under
+//! `CI=true` it fails the test.
+
+use std::error::Error;
+use std::io;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use leasehold_test_support::proxy::FaultProxy;
+use leasehold_test_support::require_service;
+use leasehold_test_support::services::{self, NodeAction, Service};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::TcpStream;
+use tokio::time::timeout;
+
+type TestResult = Result<(), Box<dyn Error>>;
+
+/// Upper bound for any single exchange with a healthy local server.
+const OP_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a PING to a hung server gets before we call it hung.
+const HANG_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// Serializes the tests that touch `redlock5`, which one of them pauses.
+static REDLOCK5: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Sends a RESP `PING` and expects `+PONG`, within `limit`.
+async fn redis_ping(addr: SocketAddr, limit: Duration) -> io::Result<()> {
+    let exchange = async {
+        let mut stream = TcpStream::connect(addr).await?;
+        stream.write_all(b"*1\r\n$4\r\nPING\r\n").await?;
+        let mut reply = Vec::new();
+        let mut buf = [0u8; 64];
+        while !reply.ends_with(b"\r\n") {
+            let n = stream.read(&mut buf).await?;
+            if n == 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    format!("{addr} closed the connection after {reply:?}"),
+                ));
+            }
+            reply.extend_from_slice(&buf[..n]);
+        }
+        if reply == b"+PONG\r\n" {
+            Ok(())
+        } else {
+            Err(io::Error::other(format!(
+                "{addr} answered PING with {:?}",
+                String::from_utf8_lossy(&reply)
+            )))
+        }
+    };
+    timeout(limit, exchange)
+        .await
+        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, format!("PING {addr} timed out")))?
+}
+
+/// `GET /health` over plain HTTP/1.1 on an etcd client port; returns the body.
+async fn etcd_health(addr: SocketAddr) -> io::Result<String> {
+    let exchange = async {
+        let mut stream = TcpStream::connect(addr).await?;
+        let request = format!("GET /health HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+        stream.write_all(request.as_bytes()).await?;
+        let mut response = Vec::new();
+        stream.read_to_end(&mut response).await?;
+        let response = String::from_utf8_lossy(&response).into_owned();
+        let (head, body) = response.split_once("\r\n\r\n").ok_or_else(|| {
+            io::Error::other(format!("{addr}: malformed HTTP response {response:?}"))
+        })?;
+        if !head.starts_with("HTTP/1.1 200") {
+            return Err(io::Error::other(format!(
+                "{addr}: /health returned {head:?}"
+            )));
+        }
+        Ok(body.to_owned())
+    };
+    timeout(OP_TIMEOUT, exchange).await.map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!("GET {addr}/health timed out"),
+        )
+    })?
+}
+
+async fn assert_etcd_healthy(addr: SocketAddr) -> TestResult {
+    let body = etcd_health(addr).await?;
+    assert!(
+        body.contains(r#""health":"true""#),
+        "etcd at {addr} is not healthy: {body}"
+    );
+    Ok(())
+}
+
+/// Connects with `config` (URL or key=value string), runs `SELECT 1` and
+/// returns `current_user`.
+async fn postgres_select(config: &str) -> Result<String, Box<dyn Error>> {
+    let (client, connection) = timeout(
+        OP_TIMEOUT,
+        tokio_postgres::connect(config, tokio_postgres::NoTls),
+    )
+    .await??;
+    let driver = tokio::spawn(connection);
+    let one: i32 = timeout(OP_TIMEOUT, client.query_one("SELECT 1", &[]))
+        .await??
+        .try_get(0)?;
+    assert_eq!(one, 1);
+    let user: String = timeout(OP_TIMEOUT, client.query_one("SELECT current_user", &[]))
+        .await??
+        .try_get(0)?;
+    drop(client);
+    let _ = timeout(OP_TIMEOUT, driver).await;
+    Ok(user)
+}
+
+#[tokio::test]
+async fn redis_answers_ping() -> TestResult {
+    let redis = require_service!(Service::Redis, Ok(()));
+    assert!(redis.url().starts_with("redis://"), "{}", redis.url());
+    let addr = redis.addr().ok_or("redis has no TCP address")?;
+    redis_ping(addr, OP_TIMEOUT).await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn every_redlock_node_answers_ping() -> TestResult {
+    let nodes = require_service!(Service::Redlock, Ok(()));
+    let _serial = REDLOCK5.lock().await;
+    assert_eq!(nodes.urls().len(), 5, "expected 5 Redlock nodes: {nodes:?}");
+    assert_eq!(nodes.addrs().len(), 5);
+    let mut distinct = nodes.addrs().to_vec();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(distinct.len(), 5, "Redlock nodes must be distinct servers");
+    for &addr in nodes.addrs() {
+        redis_ping(addr, OP_TIMEOUT).await?;
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn postgres_over_tcp() -> TestResult {
+    let pg = require_service!(Service::Postgres, Ok(()));
+    let expected_user = pg
+        .url()
+        .parse::<tokio_postgres::Config>()?
+        .get_user()
+        .ok_or("postgres URL has no user")?
+        .to_owned();
+    let user = postgres_select(pg.url()).await?;
+    assert_eq!(user, expected_user);
+    Ok(())
+}
+
+#[tokio::test]
+async fn postgres_over_unix_socket() -> TestResult {
+    let pg = require_service!(Service::PostgresSocket, Ok(()));
+    assert!(
+        pg.url().starts_with("host=/"),
+        "socket conninfo should name the socket directory: {}",
+        pg.url()
+    );
+    let config: tokio_postgres::Config = pg.url().parse()?;
+    assert!(
+        config
+            .get_hosts()
+            .iter()
+            .any(|h| matches!(h, tokio_postgres::config::Host::Unix(_))),
+        "conninfo does not select a unix socket: {}",
+        pg.url()
+    );
+    let user = postgres_select(pg.url()).await?;
+    assert_eq!(Some(user.as_str()), config.get_user());
+    Ok(())
+}
+
+#[tokio::test]
+async fn etcd_single_member_is_healthy() -> TestResult {
+    let etcd = require_service!(Service::Etcd, Ok(()));
+    assert!(!etcd.addrs().is_empty());
+    for &addr in etcd.addrs() {
+        assert_etcd_healthy(addr).await?;
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn every_etcd_cluster_member_is_healthy() -> TestResult {
+    let cluster = require_service!(Service::EtcdCluster, Ok(()));
+    assert_eq!(
+        cluster.addrs().len(),
+        3,
+        "expected 3 cluster members: {cluster:?}"
+    );
+    for &addr in cluster.addrs() {
+        assert_etcd_healthy(addr).await?;
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn proxy_in_front_of_redis_blackholes_ping() -> TestResult {
+    let redis = require_service!(Service::Redis, Ok(()));
+    let proxy = FaultProxy::start(redis.addr().ok_or("redis has no TCP address")?).await?;
+    redis_ping(proxy.addr(), OP_TIMEOUT).await?;
+
+    proxy.blackhole();
+    let err = redis_ping(proxy.addr(), HANG_TIMEOUT)
+        .await
+        .err()
+        .ok_or("PING through a black-holed proxy succeeded")?;
+    assert_eq!(err.kind(), io::ErrorKind::TimedOut, "{err}");
+
+    proxy.pass();
+    redis_ping(proxy.addr(), OP_TIMEOUT).await?;
+    assert_eq!(proxy.accepted(), 3);
+    Ok(())
+}
+
+#[tokio::test]
+async fn node_ctl_pauses_and_resumes_redlock5() -> TestResult {
+    let nodes = require_service!(Service::Redlock, Ok(()));
+    let _serial = REDLOCK5.lock().await;
+    let addr = *nodes.addrs().get(4).ok_or("no fifth Redlock node")?;
+    redis_ping(addr, OP_TIMEOUT).await?;
+
+    timeout(
+        OP_TIMEOUT,
+        services::node_ctl("redlock5", NodeAction::Pause),
+    )
+    .await??;
+    let while_paused = redis_ping(addr, HANG_TIMEOUT).await;
+    // Resume before asserting anything, so a failure cannot leave it paused.
+    timeout(
+        OP_TIMEOUT,
+        services::node_ctl("redlock5", NodeAction::Resume),
+    )
+    .await??;
+
+    let err = while_paused
+        .err()
+        .ok_or("paused redlock5 still answered PING")?;
+    assert_eq!(err.kind(), io::ErrorKind::TimedOut, "{err}");
+    redis_ping(addr, OP_TIMEOUT).await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn node_ctl_rejects_unknown_nodes() {
+    let err = services::node_ctl("redlock6", NodeAction::Pause).await;
+    assert!(
+        matches!(&err, Err(e) if e.kind() == io::ErrorKind::InvalidInput),
+        "{err:?}"
+    );
+}

@@ -1,0 +1,1 @@
+//! Runnable examples of leasehold; see the `[[example]]` targets.
