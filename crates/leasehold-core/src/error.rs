@@ -137,7 +137,7 @@ impl Error {
         let mut e = Self::new(
             ErrorKind::LeaseLost,
             backend,
-            format!("lease on {key:?} lost: {reason}"),
+            format!("lease on {key:?}: {reason}"),
         );
         e.inner.loss = Some(reason);
         e

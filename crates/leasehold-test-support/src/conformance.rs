@@ -3,15 +3,8 @@
 //! Each check takes a [`Target`] (two independent clients of one lock service and a few hooks)
 //! and returns `Err(Failure)` instead of panicking, so the suite's own tests can show that a
 //! deliberately broken backend fails it. A driver's tests run the whole list with
-//! [`conformance_tests!`](crate::conformance_tests):
-//!
-//! ```ignore
-//! async fn target() -> Option<Target> {
-//!     let backend = Arc::new(MemoryBackend::new());
-//!     Some(Target::new(backend.clone(), backend, Duration::from_millis(300)))
-//! }
-//! leasehold_test_support::conformance_tests!(target);
-//! ```
+//! [`conformance_tests!`](crate::conformance_tests), given an `async fn() -> Option<Target>`;
+//! `tests/memory_conformance.rs` in this crate is the smallest example.
 //!
 //! The checks, in the order of the foundation issue:
 //! 1. [`mutual_exclusion`]: W workers × M non-atomic increments, exact total, no overlap, fenced

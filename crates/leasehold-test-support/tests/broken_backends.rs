@@ -137,7 +137,9 @@ fn target(fault: Fault) -> Target {
 async fn assert_fails(fault: Fault, check: &str, because: &str) {
     let t = target(fault);
     let outcome = conformance::run(check, &t).await;
-    let failure = outcome.expect_err(&format!("{fault:?} passed `{check}`"));
+    let Err(failure) = outcome else {
+        panic!("{fault:?} passed `{check}`");
+    };
     assert_eq!(failure.check, check, "{failure}");
     assert!(failure.message.contains(because), "{failure}");
     eprintln!("{fault:?} fails as it should: {failure}");
