@@ -1,0 +1,352 @@
+//! Configuration: URLs, prefixes, timeouts. Debug output never shows a password.
+
+use std::fmt;
+use std::time::Duration;
+
+use leasehold_core::{Backoff, Drift, Error, ErrorKind};
+use redis::{ConnectionInfo, IntoConnectionInfo, ProtocolVersion};
+
+use crate::keys::{DEFAULT_PREFIX, check_prefix};
+
+/// URL schemes of the single-node backend.
+pub const SCHEMES: &[&str] = &["redis", "redis+unix", "unix"];
+
+/// URL scheme of the Redlock backend: `redlock://[user:password@]host:port,host:port,…[/db]`.
+pub const REDLOCK_SCHEMES: &[&str] = &["redlock"];
+
+/// Replaces the password in a URL with `***`, for messages and Debug output.
+pub fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    let authority = match authority.rfind('@') {
+        Some(at) => {
+            let (userinfo, host) = authority.split_at(at);
+            match userinfo.split_once(':') {
+                Some((user, _)) => format!("{user}:***{host}"),
+                // A bare userinfo in a Redis URL is a password (`redis://pw@host`).
+                None => format!("***{host}"),
+            }
+        }
+        None => authority.to_owned(),
+    };
+    format!("{scheme}://{authority}{}", redact_query(tail))
+}
+
+fn redact_query(tail: &str) -> String {
+    let Some((path, query)) = tail.split_once('?') else {
+        return tail.to_owned();
+    };
+    let parts: Vec<String> = query
+        .split('&')
+        .map(|kv| match kv.split_once('=') {
+            Some((k, _)) if k.eq_ignore_ascii_case("password") => format!("{k}=***"),
+            _ => kv.to_owned(),
+        })
+        .collect();
+    format!("{path}?{}", parts.join("&"))
+}
+
+pub(crate) fn invalid(backend: &'static str, msg: impl Into<String>) -> Error {
+    Error::new(ErrorKind::InvalidConfig, backend, msg)
+}
+
+/// One Redis server, parsed and redacted.
+#[derive(Clone)]
+pub(crate) struct Server {
+    pub(crate) info: ConnectionInfo,
+    /// Address only (`host:port` or socket path).
+    pub(crate) name: String,
+    /// The URL with its password replaced.
+    pub(crate) redacted: String,
+}
+
+impl Server {
+    pub(crate) fn parse(backend: &'static str, url: &str) -> Result<Self, Error> {
+        let redacted = redact(url);
+        if url.starts_with("rediss://") {
+            return Err(invalid(
+                backend,
+                format!("{redacted}: TLS (rediss://) is not supported by this build yet"),
+            ));
+        }
+        let info = url.into_connection_info().map_err(|e| {
+            invalid(
+                backend,
+                format!("{redacted} is not a valid Redis URL ({})", e.category()),
+            )
+        })?;
+        Ok(Self {
+            name: info.addr().to_string(),
+            info,
+            redacted,
+        })
+    }
+
+    /// The connection info with RESP3 (needed for wake-up pushes on the shared connection).
+    pub(crate) fn resp3(&self) -> ConnectionInfo {
+        let settings = self
+            .info
+            .redis_settings()
+            .clone()
+            .set_protocol(ProtocolVersion::RESP3);
+        self.info.clone().set_redis_settings(settings)
+    }
+}
+
+/// Configuration of [`RedisBackend`](crate::RedisBackend).
+#[derive(Clone)]
+pub struct RedisConfig {
+    pub(crate) server: Server,
+    pub(crate) prefix: String,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) response_timeout: Duration,
+    pub(crate) wait_backoff: Backoff,
+}
+
+impl fmt::Debug for RedisConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisConfig")
+            .field("url", &self.server.redacted)
+            .field("prefix", &self.prefix)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("response_timeout", &self.response_timeout)
+            .field("wait_backoff", &self.wait_backoff)
+            .finish()
+    }
+}
+
+impl RedisConfig {
+    /// From a `redis://[user:password@]host[:port][/db]` (or `redis+unix:///path`) URL, with the
+    /// default prefix `leasehold:`, a 1 s connect timeout and a 1 s response timeout.
+    pub fn from_url(url: &str) -> Result<Self, Error> {
+        Ok(Self {
+            server: Server::parse(crate::single::NAME, url)?,
+            prefix: DEFAULT_PREFIX.to_owned(),
+            connect_timeout: Duration::from_secs(1),
+            response_timeout: Duration::from_secs(1),
+            wait_backoff: Backoff {
+                initial: Duration::from_millis(50),
+                max: Duration::from_secs(1),
+            },
+        })
+    }
+
+    /// Sets the key prefix (no braces).
+    pub fn with_prefix(mut self, prefix: impl Into<String>) -> Result<Self, Error> {
+        let prefix = prefix.into();
+        check_prefix(crate::single::NAME, &prefix)?;
+        self.prefix = prefix;
+        Ok(self)
+    }
+
+    /// Sets the connect and response timeouts.
+    pub fn with_timeouts(mut self, connect: Duration, response: Duration) -> Self {
+        self.connect_timeout = connect;
+        self.response_timeout = response;
+        self
+    }
+
+    /// Sets the fallback backoff of waiters (they are woken by the release message first).
+    pub fn with_wait_backoff(mut self, backoff: Backoff) -> Self {
+        self.wait_backoff = backoff;
+        self
+    }
+
+    /// The URL, password redacted.
+    pub fn redacted_url(&self) -> &str {
+        &self.server.redacted
+    }
+}
+
+/// Configuration of [`RedlockBackend`](crate::RedlockBackend).
+#[derive(Clone)]
+pub struct RedlockConfig {
+    pub(crate) servers: Vec<Server>,
+    pub(crate) prefix: String,
+    pub(crate) node_timeout: Option<Duration>,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) min_validity: Duration,
+    pub(crate) drift: Drift,
+}
+
+impl fmt::Debug for RedlockConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let urls: Vec<&str> = self.servers.iter().map(|s| s.redacted.as_str()).collect();
+        f.debug_struct("RedlockConfig")
+            .field("nodes", &urls)
+            .field("prefix", &self.prefix)
+            .field("node_timeout", &self.node_timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("min_validity", &self.min_validity)
+            .field("drift", &self.drift)
+            .finish()
+    }
+}
+
+impl RedlockConfig {
+    /// From one `redis://` URL per node. Needs at least 3 distinct nodes.
+    pub fn from_urls<I, S>(urls: I) -> Result<Self, Error>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let servers = urls
+            .into_iter()
+            .map(|u| Server::parse(crate::redlock::NAME, u.as_ref()))
+            .collect::<Result<Vec<_>, _>>()?;
+        if servers.len() < 3 {
+            return Err(invalid(
+                crate::redlock::NAME,
+                format!(
+                    "Redlock needs at least 3 independent nodes, got {}: with fewer, one node's \
+                     failure or restart decides the lock",
+                    servers.len()
+                ),
+            ));
+        }
+        for (i, a) in servers.iter().enumerate() {
+            if let Some(b) = servers[..i].iter().find(|b| {
+                b.name == a.name && b.info.redis_settings().db() == a.info.redis_settings().db()
+            }) {
+                return Err(invalid(
+                    crate::redlock::NAME,
+                    format!(
+                        "node {} is listed twice ({} and {}): a quorum must be of distinct nodes",
+                        a.name, b.redacted, a.redacted
+                    ),
+                ));
+            }
+        }
+        Ok(Self {
+            servers,
+            prefix: DEFAULT_PREFIX.to_owned(),
+            node_timeout: None,
+            connect_timeout: Duration::from_secs(1),
+            min_validity: Duration::from_millis(1),
+            drift: Drift::default(),
+        })
+    }
+
+    /// From `redlock://[user:password@]host:port,host:port,…[/db]`: the same credentials and
+    /// database on every node.
+    pub fn from_url(url: &str) -> Result<Self, Error> {
+        let redacted = redact(url);
+        let rest = url.strip_prefix("redlock://").ok_or_else(|| {
+            invalid(
+                crate::redlock::NAME,
+                format!("{redacted}: a Redlock URL starts with redlock://"),
+            )
+        })?;
+        let hosts_end = rest.find(['/', '?']).unwrap_or(rest.len());
+        let (authority, tail) = rest.split_at(hosts_end);
+        let (userinfo, hosts) = match authority.rfind('@') {
+            Some(at) => (&authority[..=at], &authority[at + 1..]),
+            None => ("", authority),
+        };
+        let urls: Vec<String> = hosts
+            .split(',')
+            .filter(|h| !h.is_empty())
+            .map(|h| format!("redis://{userinfo}{h}{tail}"))
+            .collect();
+        Self::from_urls(urls)
+    }
+
+    /// Sets the key prefix (no braces).
+    pub fn with_prefix(mut self, prefix: impl Into<String>) -> Result<Self, Error> {
+        let prefix = prefix.into();
+        check_prefix(crate::redlock::NAME, &prefix)?;
+        self.prefix = prefix;
+        Ok(self)
+    }
+
+    /// Bounds every request to one node. Default: `ttl / 200`, between 5 ms and 50 ms (the
+    /// Redlock text suggests 5–50 ms for a 10 s TTL); never more than the validity left.
+    pub fn with_node_timeout(mut self, timeout: Duration) -> Self {
+        self.node_timeout = Some(timeout);
+        self
+    }
+
+    /// Sets the connect timeout of each node.
+    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// An acquisition succeeds only if at least this much validity is left after subtracting
+    /// the elapsed time and the drift margin (default 1 ms).
+    pub fn with_min_validity(mut self, min: Duration) -> Self {
+        self.min_validity = min;
+        self
+    }
+
+    /// The drift margin used for the validity decision (default `ttl × 0.01 + 2 ms`).
+    pub fn with_drift(mut self, drift: Drift) -> Self {
+        self.drift = drift;
+        self
+    }
+
+    /// Number of nodes.
+    pub fn nodes(&self) -> usize {
+        self.servers.len()
+    }
+
+    /// The majority: `N / 2 + 1`.
+    pub fn quorum(&self) -> usize {
+        self.servers.len() / 2 + 1
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_never_show() {
+        assert_eq!(
+            redact("redis://user:s3cret@h:1/0"),
+            "redis://user:***@h:1/0"
+        );
+        assert_eq!(redact("redis://:s3cret@h:1"), "redis://:***@h:1");
+        assert_eq!(
+            redact("redis://h:1/0?password=s3cret"),
+            "redis://h:1/0?password=***"
+        );
+        let c = RedisConfig::from_url("redis://user:s3cret@127.0.0.1:1/2").unwrap();
+        assert!(!format!("{c:?}").contains("s3cret"));
+        let r = RedlockConfig::from_url("redlock://u:s3cret@127.0.0.1:1,127.0.0.1:2,127.0.0.1:3")
+            .unwrap();
+        assert_eq!(r.nodes(), 3);
+        assert_eq!(r.quorum(), 2);
+        assert!(!format!("{r:?}").contains("s3cret"));
+        let bad = RedisConfig::from_url("redis://u:s3cret@[::1")
+            .err()
+            .unwrap();
+        assert!(!bad.to_string().contains("s3cret"), "{bad}");
+    }
+
+    #[test]
+    fn redlock_rejects_too_few_and_duplicate_nodes() {
+        let few = RedlockConfig::from_url("redlock://127.0.0.1:1,127.0.0.1:2")
+            .err()
+            .unwrap();
+        assert_eq!(few.kind(), ErrorKind::InvalidConfig);
+        assert!(few.to_string().contains("at least 3"), "{few}");
+        let dup = RedlockConfig::from_urls([
+            "redis://127.0.0.1:1",
+            "redis://127.0.0.1:2",
+            "redis://127.0.0.1:1",
+        ])
+        .err()
+        .unwrap();
+        assert!(dup.to_string().contains("listed twice"), "{dup}");
+        assert!(
+            RedisConfig::from_url("redis://h:1")
+                .unwrap()
+                .with_prefix("a{")
+                .is_err()
+        );
+    }
+}

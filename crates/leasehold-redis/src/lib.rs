@@ -1,0 +1,92 @@
+//! Redis backends for leasehold: [`RedisBackend`] (one server) and [`RedlockBackend`] (the
+//! Redlock algorithm over N independent servers). Both are **efficiency** locks: use them to
+//! avoid duplicate work, not to protect data that a second holder would corrupt.
+//!
+//! # What they guarantee, and what they don't
+//!
+//! | | [`RedisBackend`] | [`RedlockBackend`] |
+//! |---|---|---|
+//! | safety | one server decides; a failover or a restart without persistence can hand the lock to a second holder | a majority decides; safe only under bounded network delay, process pauses and clock drift |
+//! | fencing token | best effort: a per-key counter, `INCR`ed in the acquire script; it **goes back** if the server loses its data | none (a quorum cannot mint a strictly increasing number without consensus) |
+//! | waiting | woken by the release message on a per-key channel, with jittered backoff as a fallback; waiters of one process queue in order | jittered backoff, by the `Locker` |
+//! | holder crash | the key expires after its TTL | the keys expire after their TTL |
+//!
+//! Requires Redis ≥ 6 (RESP3: release wake-ups are pushed on the shared connection).
+//!
+//! # Key mapping
+//!
+//! With the default prefix `leasehold:` and the key `jobs/nightly`:
+//!
+//! | Redis name | what |
+//! |---|---|
+//! | `leasehold:{jobs/nightly}` | the lock: a string holding the owner value, with a TTL |
+//! | `leasehold:{jobs/nightly}:fence` | the fencing counter (single node only; never deleted, so tokens don't restart while the server keeps its data) |
+//! | `leasehold:{jobs/nightly}:released` | the pub/sub channel the release script publishes on |
+//!
+//! The braces are a hash tag: on a Redis Cluster the three share one slot. Any client that sets
+//! the lock key with `SET` `NX` excludes leasehold, and the other way round:
+//!
+//! ```text
+//! redis-cli SET 'leasehold:{jobs/nightly}' by-hand NX PX 30000    # take it
+//! redis-cli EVAL "if redis.call('GET',KEYS[1])==ARGV[1] then return redis.call('DEL',KEYS[1]) end return 0" 1 'leasehold:{jobs/nightly}' by-hand   # give it back
+//! ```
+//!
+//! # The scripts
+//!
+//! Acquire is one round trip: `SET key owner NX PX ttl` and, when it succeeds, `INCR` of the
+//! fence counter, in one Lua script. Release is compare-and-delete (and `PUBLISH` on the wake-up
+//! channel); extend is compare-and-`PEXPIRE`. Scripts run by SHA and are reloaded on `NOSCRIPT`.
+//! All leases of one backend share one multiplexed, auto-reconnecting connection per server.
+//!
+//! # Redlock, as implemented
+//!
+//! - One fresh 160-bit owner value per acquisition; `SET NX PX` on every node **concurrently**,
+//!   each bounded by a per-node timeout far below the TTL (default `ttl / 200`, between 5 ms
+//!   and 50 ms, never more than the validity left) rather than a client library default.
+//! - Success needs a majority (`N / 2 + 1`) **and** validity left: `ttl − elapsed − drift`, with
+//!   elapsed measured on the monotonic clock from before the first request. The answer comes as
+//!   soon as the outcome is decided, not after the slowest node.
+//! - On failure, every node gets a compare-and-delete, including those that timed out; a request
+//!   still in flight gets its release when it completes. Node requests run in spawned tasks, so
+//!   a dropped acquire future still gives back what it took.
+//! - Extend re-arms all nodes, and sets the key again on a node that lost it.
+//! - Nodes connect lazily: a node that is down does not stop the backend, and is used again when
+//!   it returns.
+//!
+//! **The crash-recovery hazard.** A node that restarts without the keys it had (no persistence,
+//! or `appendfsync everysec` losing the last second) can let a second client reach a majority
+//! while the first still holds the lock. Mitigations: keep a restarted node out for longer than
+//! the longest TTL (delayed restart), or run with `appendonly yes` and `appendfsync always`. The
+//! tests show the hazard with real servers, and the delayed restart preventing it.
+//!
+//! # Cancellation and drop
+//!
+//! redis-rs does not send a request whose future is dropped before it goes out, so nothing that
+//! must happen is left to a future the caller can drop: Redlock's node requests and
+//! give-backs run in spawned tasks; `Lease` drops release in a spawned task (see
+//! `leasehold_core::Lease`); an acquire dropped mid-flight is cleaned up by owner value.
+
+mod config;
+mod keys;
+mod node;
+mod redlock;
+mod scripts;
+mod single;
+
+pub use config::{REDLOCK_SCHEMES, RedisConfig, RedlockConfig, SCHEMES, redact};
+pub use keys::DEFAULT_PREFIX;
+pub use redlock::RedlockBackend;
+pub use single::RedisBackend;
+
+use leasehold_core::Error;
+
+/// Connects a [`RedisBackend`] from a `redis://` URL with default settings.
+pub async fn connect(url: &str) -> Result<RedisBackend, Error> {
+    RedisBackend::connect(RedisConfig::from_url(url)?).await
+}
+
+/// Makes a [`RedlockBackend`] from a `redlock://host:port,host:port,…` URL with default
+/// settings.
+pub fn connect_redlock(url: &str) -> Result<RedlockBackend, Error> {
+    RedlockBackend::new(RedlockConfig::from_url(url)?)
+}

@@ -1,0 +1,240 @@
+//! One Redis server: a lazily connected, auto-reconnecting, multiplexed connection and the
+//! single-instance lock primitive that both backends build on.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use leasehold_core::{Error, ErrorKind, FencingToken, LockKey, Owner};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{Client, RedisError};
+use tokio::sync::OnceCell;
+
+use crate::keys::Names;
+use crate::scripts::{ACQUIRE_FENCED, EXTEND, RELEASE};
+
+/// What one `SET NX` found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Taken {
+    /// We hold it now (with the fencing token, when asked for one).
+    Granted(Option<FencingToken>),
+    /// Someone else holds it.
+    Held,
+}
+
+/// A Redis server and our connection to it.
+pub(crate) struct Node {
+    client: Client,
+    /// `host:port` (or the socket path), never with credentials: for messages.
+    pub(crate) name: String,
+    config: ConnectionManagerConfig,
+    conn: OnceCell<ConnectionManager>,
+    backend: &'static str,
+}
+
+impl std::fmt::Debug for Node {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Node").field("name", &self.name).finish()
+    }
+}
+
+impl Node {
+    pub(crate) fn new(
+        backend: &'static str,
+        client: Client,
+        name: String,
+        config: ConnectionManagerConfig,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            client,
+            name,
+            config,
+            conn: OnceCell::new(),
+            backend,
+        })
+    }
+
+    /// The shared connection, connecting on first use (and again after a failed first connect);
+    /// once made, it reconnects by itself.
+    pub(crate) async fn conn(&self) -> Result<ConnectionManager, Error> {
+        self.conn
+            .get_or_try_init(|| {
+                ConnectionManager::new_with_config(self.client.clone(), self.config.clone())
+            })
+            .await
+            .cloned()
+            .map_err(|e| self.error(&e, "connect"))
+    }
+
+    /// `SET lock owner NX PX ttl`, and with `fenced`, `INCR` of the fence counter in the same
+    /// script: one round trip either way.
+    pub(crate) async fn take(
+        &self,
+        names: &Names,
+        owner: &Owner,
+        ttl: Duration,
+        fenced: bool,
+    ) -> Result<Taken, Error> {
+        let mut conn = self.conn().await?;
+        let ms = ttl_ms(ttl);
+        if fenced {
+            let token: Option<u64> = ACQUIRE_FENCED
+                .key(&names.lock)
+                .key(&names.fence)
+                .arg(owner.as_str())
+                .arg(ms)
+                .invoke_async(&mut conn)
+                .await
+                .map_err(|e| self.error(&e, "acquire"))?;
+            Ok(token.map_or(Taken::Held, |t| Taken::Granted(Some(FencingToken::new(t)))))
+        } else {
+            let set: Option<String> = redis::cmd("SET")
+                .arg(&names.lock)
+                .arg(owner.as_str())
+                .arg("NX")
+                .arg("PX")
+                .arg(ms)
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| self.error(&e, "acquire"))?;
+            Ok(if set.is_some() {
+                Taken::Granted(None)
+            } else {
+                Taken::Held
+            })
+        }
+    }
+
+    /// Compare-and-delete, waking waiters on release. True if our grant was there.
+    pub(crate) async fn release(&self, names: &Names, owner: &Owner) -> Result<bool, Error> {
+        let mut conn = self.conn().await?;
+        let n: i64 = RELEASE
+            .key(&names.lock)
+            .key(&names.channel)
+            .arg(owner.as_str())
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| self.error(&e, "release"))?;
+        Ok(n == 1)
+    }
+
+    /// Compare-and-pexpire; with `reset`, sets the key again if it is missing.
+    pub(crate) async fn extend(
+        &self,
+        names: &Names,
+        owner: &Owner,
+        ttl: Duration,
+        reset: bool,
+    ) -> Result<bool, Error> {
+        let mut conn = self.conn().await?;
+        let n: i64 = EXTEND
+            .key(&names.lock)
+            .arg(owner.as_str())
+            .arg(ttl_ms(ttl))
+            .arg(if reset { "1" } else { "0" })
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| self.error(&e, "extend"))?;
+        Ok(n == 1)
+    }
+
+    /// The holder's owner value, remaining TTL and the lock's fence counter.
+    pub(crate) async fn inspect(
+        &self,
+        names: &Names,
+    ) -> Result<Option<(Owner, Option<Duration>, Option<u64>)>, Error> {
+        let mut conn = self.conn().await?;
+        let (owner, pttl, fence): (Option<String>, i64, Option<u64>) = redis::pipe()
+            .get(&names.lock)
+            .pttl(&names.lock)
+            .get(&names.fence)
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.error(&e, "inspect"))?;
+        Ok(owner.map(|o| {
+            let remaining = u64::try_from(pttl).ok().map(Duration::from_millis);
+            (Owner::from_raw(o), remaining, fence)
+        }))
+    }
+
+    /// Subscribes the shared connection to a wake-up channel (RESP3 push).
+    pub(crate) async fn subscribe(&self, channel: &str) -> Result<(), Error> {
+        let mut conn = self.conn().await?;
+        conn.subscribe(channel)
+            .await
+            .map_err(|e| self.error(&e, "subscribe"))
+    }
+
+    /// Drops a subscription.
+    pub(crate) async fn unsubscribe(&self, channel: &str) -> Result<(), Error> {
+        let mut conn = self.conn().await?;
+        conn.unsubscribe(channel)
+            .await
+            .map_err(|e| self.error(&e, "unsubscribe"))
+    }
+
+    /// Counts the keys matching `pattern` (SCAN), for leak checks.
+    pub(crate) async fn count_keys(&self, pattern: &str) -> Result<usize, Error> {
+        let mut conn = self.conn().await?;
+        let mut cursor: u64 = 0;
+        let mut count = 0;
+        loop {
+            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(pattern)
+                .arg("COUNT")
+                .arg(1000)
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| self.error(&e, "scan"))?;
+            count += keys.len();
+            if next == 0 {
+                return Ok(count);
+            }
+            cursor = next;
+        }
+    }
+
+    pub(crate) fn error(&self, e: &RedisError, op: &str) -> Error {
+        redis_error(self.backend, &self.name, e, op)
+    }
+}
+
+/// Converts a redis-rs error at the boundary: connection trouble is `Unavailable` (retryable),
+/// anything the server said is `Backend`.
+pub(crate) fn redis_error(backend: &'static str, node: &str, e: &RedisError, op: &str) -> Error {
+    let kind = if e.is_io_error()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || e.is_timeout()
+        || e.is_unrecoverable_error()
+    {
+        ErrorKind::Unavailable
+    } else {
+        ErrorKind::Backend
+    };
+    // redis-rs errors name the failing command and server message, never the password.
+    Error::new(kind, backend, format!("{op} on {node}: {e}"))
+}
+
+/// A TTL in whole milliseconds, at least 1.
+pub(crate) fn ttl_ms(ttl: Duration) -> u64 {
+    u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+/// The lock names of `key` under `prefix`.
+pub(crate) fn names(prefix: &str, key: &LockKey) -> Names {
+    Names::new(prefix, key)
+}
+
+/// Escapes glob metacharacters for SCAN MATCH.
+pub(crate) fn glob_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}

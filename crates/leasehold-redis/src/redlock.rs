@@ -1,0 +1,541 @@
+//! [`RedlockBackend`]: the Redlock algorithm over N independent Redis nodes.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use leasehold_core::async_trait;
+use leasehold_core::{
+    Capabilities, Error, ErrorKind, ExtendRequest, FencingKind, Grant, Held, HolderInfo,
+    LockBackend, LockKey, LockRequest, NodeError, Owner, SafetyClass, Validity, WaitKind, Waited,
+};
+use redis::Client;
+use redis::aio::ConnectionManagerConfig;
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+
+use crate::config::{RedlockConfig, invalid};
+use crate::keys::Names;
+use crate::node::{Node, Taken, names};
+
+pub(crate) const NAME: &str = "redlock";
+
+/// Redlock over N ≥ 3 independent Redis nodes: an *efficiency* lock whose safety rests on
+/// timing assumptions (bounded network delay, pauses and clock drift), with no fencing token.
+///
+/// See the [crate docs](crate) for the algorithm as implemented, the crash-recovery hazard and
+/// its mitigations. Cloning is cheap: clones share the connections.
+#[derive(Clone)]
+pub struct RedlockBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    nodes: Vec<Arc<Node>>,
+    config: RedlockConfig,
+}
+
+impl fmt::Debug for RedlockBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedlockBackend")
+            .field("config", &self.inner.config)
+            .finish()
+    }
+}
+
+/// The backend-private state of a Redlock grant: per node, whether the acquire request of the
+/// round is finished (answered, failed, or timed out and dropped).
+struct Round {
+    finished: Vec<watch::Receiver<bool>>,
+}
+
+/// What one node said.
+#[derive(Debug)]
+enum Outcome {
+    /// Granted / extended / released.
+    Yes,
+    /// Held by another owner / not ours.
+    No,
+    /// No answer within the per-node timeout.
+    TimedOut(Duration),
+    /// An error.
+    Failed(Error),
+}
+
+impl Outcome {
+    fn from_result(
+        r: Result<Result<bool, Error>, tokio::time::error::Elapsed>,
+        t: Duration,
+    ) -> Self {
+        match r {
+            Ok(Ok(true)) => Self::Yes,
+            Ok(Ok(false)) => Self::No,
+            Ok(Err(e)) => Self::Failed(e),
+            Err(_) => Self::TimedOut(t),
+        }
+    }
+
+    fn is_fault(&self) -> bool {
+        matches!(self, Self::TimedOut(_) | Self::Failed(_))
+    }
+}
+
+/// The tally of a fan-out, and how to report it.
+struct Tally {
+    what: &'static str,
+    yes_word: &'static str,
+    no_word: &'static str,
+    outcomes: Vec<Option<Outcome>>,
+    quorum: usize,
+}
+
+impl Tally {
+    fn new(
+        what: &'static str,
+        yes: &'static str,
+        no: &'static str,
+        n: usize,
+        quorum: usize,
+    ) -> Self {
+        Self {
+            what,
+            yes_word: yes,
+            no_word: no,
+            outcomes: (0..n).map(|_| None).collect(),
+            quorum,
+        }
+    }
+
+    fn count(&self, f: impl Fn(&Outcome) -> bool) -> usize {
+        self.outcomes.iter().flatten().filter(|o| f(o)).count()
+    }
+
+    fn yes(&self) -> usize {
+        self.count(|o| matches!(o, Outcome::Yes))
+    }
+
+    fn failed(&self) -> usize {
+        self.count(|o| !matches!(o, Outcome::Yes))
+    }
+
+    fn faults(&self) -> usize {
+        self.count(Outcome::is_fault)
+    }
+
+    /// Whether a quorum of "yes" is no longer possible.
+    fn hopeless(&self) -> bool {
+        self.outcomes.len() - self.failed() < self.quorum
+    }
+
+    /// Whether faults alone rule out a quorum (then it is an error, not contention).
+    fn faults_decide(&self) -> bool {
+        self.outcomes.len() - self.faults() < self.quorum
+    }
+
+    fn error(self, nodes: &[Arc<Node>]) -> Error {
+        let mut summary = Vec::new();
+        let mut causes = Vec::new();
+        for (node, outcome) in nodes.iter().zip(self.outcomes) {
+            let said = match outcome {
+                Some(Outcome::Yes) => self.yes_word.to_owned(),
+                Some(Outcome::No) => self.no_word.to_owned(),
+                Some(Outcome::TimedOut(t)) => {
+                    causes.push(NodeError {
+                        node: node.name.clone(),
+                        error: Error::new(
+                            ErrorKind::Unavailable,
+                            NAME,
+                            format!("no answer within {t:?}"),
+                        ),
+                    });
+                    "timed out".to_owned()
+                }
+                Some(Outcome::Failed(e)) => {
+                    causes.push(NodeError {
+                        node: node.name.clone(),
+                        error: e,
+                    });
+                    "failed".to_owned()
+                }
+                None => "no answer yet".to_owned(),
+            };
+            summary.push(format!("{} {said}", node.name));
+        }
+        Error::new(
+            ErrorKind::QuorumNotReached,
+            NAME,
+            format!(
+                "{}: quorum {} of {} not reached ({})",
+                self.what,
+                self.quorum,
+                nodes.len(),
+                summary.join(", ")
+            ),
+        )
+        .with_node_errors(causes)
+    }
+}
+
+impl RedlockBackend {
+    /// Makes the backend; nodes connect lazily, so a node that is down now does not stop it, and
+    /// a node that comes back is used again without rebuilding anything.
+    pub fn new(config: RedlockConfig) -> Result<Self, Error> {
+        let nodes = config
+            .servers
+            .iter()
+            .map(|s| {
+                let client = Client::open(s.info.clone())
+                    .map_err(|e| invalid(NAME, format!("{}: {}", s.redacted, e.category())))?;
+                let cm = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(config.connect_timeout))
+                    .set_response_timeout(Some(config.connect_timeout))
+                    .set_number_of_retries(1);
+                Ok(Node::new(NAME, client, s.name.clone(), cm))
+            })
+            .collect::<Result<Vec<_>, Error>>()?;
+        Ok(Self {
+            inner: Arc::new(Inner { nodes, config }),
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &RedlockConfig {
+        &self.inner.config
+    }
+
+    /// Counts lock keys under `key_prefix` on every node (SCAN), per node; unreachable nodes
+    /// give an error. The leak check of the tests.
+    pub async fn count_lock_keys(&self, key_prefix: &str) -> Result<Vec<usize>, Error> {
+        let pattern = format!(
+            "{}{{{}*}}",
+            self.inner.config.prefix,
+            crate::node::glob_escape(key_prefix)
+        );
+        let mut counts = Vec::new();
+        for node in &self.inner.nodes {
+            counts.push(node.count_keys(&pattern).await?);
+        }
+        Ok(counts)
+    }
+
+    fn quorum(&self) -> usize {
+        self.inner.config.quorum()
+    }
+
+    /// The per-node bound for a request on a lease of `ttl`.
+    fn node_timeout(&self, ttl: Duration) -> Duration {
+        let c = &self.inner.config;
+        let t = c.node_timeout.unwrap_or_else(|| {
+            (ttl / 200).clamp(Duration::from_millis(5), Duration::from_millis(50))
+        });
+        t.min(ttl.saturating_sub(c.drift.margin(ttl)))
+            .max(Duration::from_millis(1))
+    }
+
+    /// How long a background release may keep trying (the key expires by itself after `ttl`).
+    fn release_bound(ttl: Duration) -> Duration {
+        ttl.clamp(Duration::from_millis(100), Duration::from_secs(10))
+    }
+
+    /// Validity left after `elapsed` since `started`, if at least the configured minimum.
+    fn validity_left(&self, started: Instant, ttl: Duration) -> Option<Duration> {
+        let c = &self.inner.config;
+        let left = ttl
+            .checked_sub(started.elapsed())?
+            .checked_sub(c.drift.margin(ttl))?;
+        (left >= c.min_validity).then_some(left)
+    }
+
+    /// Runs `op` on every node in its own task, driven to completion (bounded by `bound`) even
+    /// after the caller has decided or been dropped; each node's outcome within `per_node`
+    /// arrives on the returned channel.
+    fn spawn_all<F, Fut>(
+        &self,
+        per_node: Duration,
+        bound: Duration,
+        mut op: F,
+    ) -> mpsc::UnboundedReceiver<(usize, Outcome)>
+    where
+        F: FnMut(Arc<Node>) -> Fut,
+        Fut: Future<Output = Result<bool, Error>> + Send + 'static,
+    {
+        let (tx, rx) = mpsc::unbounded_channel();
+        for (i, node) in self.inner.nodes.iter().enumerate() {
+            let fut = op(Arc::clone(node));
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                tokio::pin!(fut);
+                match tokio::time::timeout(per_node, &mut fut).await {
+                    Ok(r) => drop(tx.send((i, Outcome::from_result(Ok(r), per_node)))),
+                    Err(_) => {
+                        drop(tx.send((i, Outcome::TimedOut(per_node))));
+                        let _ = tokio::time::timeout(bound.saturating_sub(per_node), fut).await;
+                    }
+                }
+            });
+        }
+        rx
+    }
+
+    /// One Redlock acquisition round.
+    async fn acquire_round(&self, req: &LockRequest<'_>) -> Result<Option<Grant>, Error> {
+        let names = Arc::new(names(&self.inner.config.prefix, req.key));
+        let owner = req.owner.clone();
+        let ttl = req.ttl;
+        let per_node = self.node_timeout(ttl);
+        let bound = Self::release_bound(ttl);
+        let n = self.inner.nodes.len();
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        // The decision: Some(true) keep, Some(false) give back. A dropped sender (the caller's
+        // future was dropped) means give back.
+        let (decide, decision) = watch::channel(None::<bool>);
+        let mut finished = Vec::with_capacity(n);
+        for (i, node) in self.inner.nodes.iter().enumerate() {
+            let (node, names, owner, tx, mut decision) = (
+                Arc::clone(node),
+                Arc::clone(&names),
+                owner.clone(),
+                tx.clone(),
+                decision.clone(),
+            );
+            let (done, done_rx) = watch::channel(false);
+            finished.push(done_rx);
+            tokio::spawn(async move {
+                let r = tokio::time::timeout(per_node, node.take(&names, &owner, ttl, false))
+                    .await
+                    .map(|r| r.map(|t| matches!(t, Taken::Granted(_))));
+                // From here on no SET of this round can reach the node after a later command
+                // on the same connection: a release waits for this before it is sent.
+                done.send_replace(true);
+                let outcome = Outcome::from_result(r, per_node);
+                let may_hold = !matches!(outcome, Outcome::No);
+                drop(tx.send((i, outcome)));
+                if !may_hold {
+                    return;
+                }
+                let keep = loop {
+                    if let Some(keep) = *decision.borrow_and_update() {
+                        break keep;
+                    }
+                    if decision.changed().await.is_err() {
+                        break decision.borrow().unwrap_or(false);
+                    }
+                };
+                if !keep {
+                    give_back(&node, &names, &owner, bound).await;
+                }
+            });
+        }
+        drop(tx);
+        let mut tally = Tally::new(
+            "acquire",
+            "granted",
+            "held by another owner",
+            n,
+            self.quorum(),
+        );
+        while let Some((i, outcome)) = rx.recv().await {
+            if let Some(slot) = tally.outcomes.get_mut(i) {
+                *slot = Some(outcome);
+            }
+            if tally.yes() >= tally.quorum {
+                if self.validity_left(req.started, ttl).is_some() {
+                    decide.send_replace(Some(true));
+                    let state = Round { finished };
+                    return Ok(Some(Grant::new(req.ttl_validity()).with_state(state)));
+                }
+                decide.send_replace(Some(false));
+                return Err(Error::new(
+                    ErrorKind::Timeout,
+                    NAME,
+                    format!(
+                        "quorum reached after {:?}, leaving less than the minimum validity of a \
+                         {ttl:?} lease",
+                        req.started.elapsed()
+                    ),
+                ));
+            }
+            if tally.hopeless() {
+                break;
+            }
+        }
+        decide.send_replace(Some(false));
+        if tally.faults_decide() {
+            Err(tally.error(&self.inner.nodes))
+        } else {
+            Ok(None)
+        }
+    }
+}
+
+/// Compare-and-delete on one node, bounded; failures are logged (the key expires by TTL).
+async fn give_back(node: &Node, names: &Names, owner: &Owner, bound: Duration) {
+    match tokio::time::timeout(bound, node.release(names, owner)).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => tracing::debug!(node = %node.name, error = %e, "redlock: give-back failed"),
+        Err(_) => tracing::debug!(node = %node.name, "redlock: give-back timed out"),
+    }
+}
+
+#[async_trait]
+impl LockBackend for RedlockBackend {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::new(SafetyClass::Efficiency, FencingKind::None)
+            .with_wait(WaitKind::Poll)
+            .with_ttl_range(Duration::from_millis(10), leasehold_core::DEFAULT_MAX_TTL)
+    }
+
+    async fn try_lock(&self, req: LockRequest<'_>) -> Result<Option<Grant>, Error> {
+        self.acquire_round(&req).await
+    }
+
+    async fn wait_lock(&self, _req: LockRequest<'_>, _deadline: Instant) -> Result<Waited, Error> {
+        Err(Error::new(
+            ErrorKind::Unsupported,
+            NAME,
+            "Redlock has no native wait; the Locker retries with jittered backoff",
+        ))
+    }
+
+    async fn release(&self, held: Held<'_>) -> Result<bool, Error> {
+        let names = Arc::new(names(&self.inner.config.prefix, held.key));
+        let owner = held.owner.clone();
+        // Releases are not bounded by the acquisition TTL (unknown here): a generous bound.
+        let bound = Duration::from_secs(10);
+        let per_node = self.node_timeout(Duration::from_secs(10));
+        let round = held.state::<Round>();
+        let mut i = 0;
+        let mut rx = self.spawn_all(per_node, bound, |node| {
+            let (names, owner) = (Arc::clone(&names), owner.clone());
+            // The acquire request to this node may still be on its way (its task may not even
+            // have run yet): release only after it, or it would land on nothing and the SET
+            // would then leave a key until its TTL.
+            let mut finished = round.and_then(|r| r.finished.get(i).cloned());
+            i += 1;
+            async move {
+                if let Some(f) = finished.as_mut() {
+                    let _ = f.wait_for(|done| *done).await;
+                }
+                node.release(&names, &owner).await
+            }
+        });
+        let n = self.inner.nodes.len();
+        let mut tally = Tally::new("release", "released", "not ours", n, self.quorum());
+        while let Some((i, outcome)) = rx.recv().await {
+            if let Some(slot) = tally.outcomes.get_mut(i) {
+                *slot = Some(outcome);
+            }
+            if tally.yes() >= tally.quorum {
+                return Ok(true);
+            }
+            if tally.hopeless() {
+                break;
+            }
+        }
+        if tally.faults_decide() {
+            Err(tally.error(&self.inner.nodes))
+        } else {
+            Ok(false)
+        }
+    }
+
+    async fn extend(&self, req: ExtendRequest<'_>) -> Result<Option<Validity>, Error> {
+        let names = Arc::new(names(&self.inner.config.prefix, req.held.key));
+        let owner = req.held.owner.clone();
+        let ttl = req.ttl;
+        let per_node = self.node_timeout(ttl);
+        let mut rx = self.spawn_all(per_node, Self::release_bound(ttl), |node| {
+            let (names, owner) = (Arc::clone(&names), owner.clone());
+            // A node that lost the key (restarted empty) gets it set again with our value.
+            async move { node.extend(&names, &owner, ttl, true).await }
+        });
+        let n = self.inner.nodes.len();
+        let mut tally = Tally::new(
+            "extend",
+            "extended",
+            "held by another owner",
+            n,
+            self.quorum(),
+        );
+        while let Some((i, outcome)) = rx.recv().await {
+            if let Some(slot) = tally.outcomes.get_mut(i) {
+                *slot = Some(outcome);
+            }
+            if tally.yes() >= tally.quorum {
+                return Ok(self
+                    .validity_left(req.started, ttl)
+                    .map(|_| req.ttl_validity()));
+            }
+            if tally.hopeless() {
+                break;
+            }
+        }
+        if tally.faults_decide() {
+            Err(tally.error(&self.inner.nodes))
+        } else {
+            Ok(None)
+        }
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
+        let names = names(&self.inner.config.prefix, key);
+        let per_node = self.node_timeout(Duration::from_secs(10));
+        let mut found: Vec<(Owner, Option<Duration>)> = Vec::new();
+        let mut reached = 0;
+        let answers = join_all(self.inner.nodes.iter().map(|node| {
+            let names = names.clone();
+            async move { tokio::time::timeout(per_node, node.inspect(&names)).await }
+        }))
+        .await;
+        for answer in answers {
+            if let Ok(Ok(holder)) = answer {
+                reached += 1;
+                if let Some((owner, remaining, _)) = holder {
+                    found.push((owner, remaining));
+                }
+            }
+        }
+        if reached < self.quorum() {
+            return Err(Error::new(
+                ErrorKind::QuorumNotReached,
+                NAME,
+                format!(
+                    "inspect: reached {reached} of {} nodes",
+                    self.inner.nodes.len()
+                ),
+            ));
+        }
+        if found.is_empty() {
+            return Ok(None);
+        }
+        let top = found
+            .iter()
+            .max_by_key(|(o, _)| found.iter().filter(|(p, _)| p == o).count())
+            .map(|(o, _)| o.clone());
+        let Some(owner) = top else { return Ok(None) };
+        let on: Vec<Option<Duration>> = found
+            .iter()
+            .filter(|(o, _)| *o == owner)
+            .map(|(_, r)| *r)
+            .collect();
+        let mut info = HolderInfo::unknown().with_detail(format!(
+            "held on {} of {} nodes (quorum {})",
+            on.len(),
+            self.inner.nodes.len(),
+            self.quorum()
+        ));
+        if on.len() >= self.quorum() {
+            info = info.with_owner(owner);
+            if let Some(r) = on.iter().flatten().min() {
+                info = info.with_remaining(*r);
+            }
+        }
+        Ok(Some(info))
+    }
+}

@@ -1,0 +1,317 @@
+//! [`RedisBackend`]: one Redis server, with a best-effort fencing counter and release wake-ups.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use leasehold_core::async_trait;
+use leasehold_core::{
+    Capabilities, Error, ExtendRequest, FencingKind, Grant, Held, HolderInfo, LockBackend, LockKey,
+    LockRequest, SafetyClass, Validity, WaitKind, Waited,
+};
+use redis::aio::ConnectionManagerConfig;
+use redis::{Client, PushInfo, PushKind, Value};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::config::{RedisConfig, invalid};
+use crate::node::{Node, Taken, names};
+
+pub(crate) const NAME: &str = "redis";
+
+/// Locks on one Redis server: an *efficiency* lock with a best-effort fencing token.
+///
+/// See the [crate docs](crate) for the key mapping, the scripts and what this does not
+/// guarantee. Cloning is cheap: clones share the connection.
+#[derive(Clone)]
+pub struct RedisBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    node: Arc<Node>,
+    config: RedisConfig,
+    wake: Arc<WakeHub>,
+    /// Local FIFO queues: one Redis contender per key per backend.
+    queues: Mutex<HashMap<LockKey, Arc<KeyQueue>>>,
+}
+
+#[derive(Default)]
+struct KeyQueue {
+    turn: tokio::sync::Mutex<()>,
+}
+
+impl std::fmt::Debug for RedisBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisBackend")
+            .field("config", &self.inner.config)
+            .finish()
+    }
+}
+
+/// Routes release messages (RESP3 pushes on the shared connection) to waiting tasks.
+#[derive(Default)]
+struct WakeHub {
+    channels: Mutex<HashMap<String, Arc<Notify>>>,
+}
+
+impl WakeHub {
+    fn on_push(&self, push: PushInfo) {
+        match push.kind {
+            PushKind::Message => {
+                if let Some(Value::BulkString(channel)) = push.data.first()
+                    && let Ok(channel) = std::str::from_utf8(channel)
+                    && let Some(n) = self.lock().get(channel)
+                {
+                    n.notify_waiters();
+                }
+            }
+            // The connection dropped: a release may have been missed; let everyone look again.
+            PushKind::Disconnection => {
+                for n in self.lock().values() {
+                    n.notify_waiters();
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Notify>>> {
+        self.channels.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl RedisBackend {
+    /// Connects to the server in `config`.
+    pub async fn connect(config: RedisConfig) -> Result<Self, Error> {
+        let wake = Arc::new(WakeHub::default());
+        let hub = Arc::clone(&wake);
+        let client = Client::open(config.server.resp3()).map_err(|e| {
+            invalid(
+                NAME,
+                format!("{}: {}", config.server.redacted, e.category()),
+            )
+        })?;
+        let cm = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(config.connect_timeout))
+            .set_response_timeout(Some(config.response_timeout))
+            .set_number_of_retries(1)
+            .set_automatic_resubscription()
+            .set_push_sender(move |push: PushInfo| {
+                hub.on_push(push);
+                Ok::<(), redis::aio::SendError>(())
+            });
+        let node = Node::new(NAME, client, config.server.name.clone(), cm);
+        node.conn().await?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                node,
+                config,
+                wake,
+                queues: Mutex::new(HashMap::new()),
+            }),
+        })
+    }
+
+    /// Counts the lock keys under this backend's prefix on the server (SCAN): the leak check
+    /// of the tests. Fence counters are not counted.
+    pub async fn count_lock_keys(&self, key_prefix: &str) -> Result<usize, Error> {
+        let pattern = format!(
+            "{}{{{}*}}",
+            self.inner.config.prefix,
+            crate::node::glob_escape(key_prefix)
+        );
+        self.inner.node.count_keys(&pattern).await
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &RedisConfig {
+        &self.inner.config
+    }
+
+    fn queue(&self, key: &LockKey) -> Arc<KeyQueue> {
+        let mut queues = self
+            .inner
+            .queues
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        Arc::clone(queues.entry(key.clone()).or_default())
+    }
+
+    /// Drops the local queue of `key` once nobody waits in it.
+    fn tidy_queue(&self, key: &LockKey, queue: Arc<KeyQueue>) {
+        let mut queues = self
+            .inner
+            .queues
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        drop(queue);
+        if queues.get(key).is_some_and(|q| Arc::strong_count(q) == 1) {
+            queues.remove(key);
+        }
+    }
+}
+
+/// Removes a key's local queue when its last waiter leaves, even if the wait was cancelled.
+struct QueueGuard<'a> {
+    backend: &'a RedisBackend,
+    key: &'a LockKey,
+    queue: Option<Arc<KeyQueue>>,
+}
+
+impl Drop for QueueGuard<'_> {
+    fn drop(&mut self) {
+        if let Some(q) = self.queue.take() {
+            self.backend.tidy_queue(self.key, q);
+        }
+    }
+}
+
+/// Subscription to one key's wake-up channel, held by the local contender.
+struct Subscription {
+    node: Arc<Node>,
+    hub: Arc<WakeHub>,
+    channel: String,
+    notify: Arc<Notify>,
+}
+
+impl Subscription {
+    async fn new(node: &Arc<Node>, hub: &Arc<WakeHub>, channel: &str) -> Result<Self, Error> {
+        let notify = Arc::clone(
+            hub.lock()
+                .entry(channel.to_owned())
+                .or_insert_with(|| Arc::new(Notify::new())),
+        );
+        let sub = Self {
+            node: Arc::clone(node),
+            hub: Arc::clone(hub),
+            channel: channel.to_owned(),
+            notify,
+        };
+        sub.node.subscribe(channel).await?;
+        Ok(sub)
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        self.hub.lock().remove(&self.channel);
+        let (node, channel) = (Arc::clone(&self.node), std::mem::take(&mut self.channel));
+        // Driven to completion in a task: a dropped redis-rs future never sends its request.
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            drop(rt.spawn(async move {
+                if let Err(e) = node.unsubscribe(&channel).await {
+                    tracing::debug!(error = %e, "leasehold-redis: unsubscribe failed");
+                }
+            }));
+        }
+    }
+}
+
+#[async_trait]
+impl LockBackend for RedisBackend {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::new(SafetyClass::Efficiency, FencingKind::BestEffort)
+            .with_wait(WaitKind::Native)
+            .with_ttl_range(Duration::from_millis(10), leasehold_core::DEFAULT_MAX_TTL)
+    }
+
+    async fn try_lock(&self, req: LockRequest<'_>) -> Result<Option<Grant>, Error> {
+        let names = names(&self.inner.config.prefix, req.key);
+        match self
+            .inner
+            .node
+            .take(&names, req.owner, req.ttl, true)
+            .await?
+        {
+            Taken::Granted(token) => {
+                let grant = Grant::new(req.ttl_validity());
+                Ok(Some(match token {
+                    Some(t) => grant.with_fencing(t),
+                    None => grant,
+                }))
+            }
+            Taken::Held => Ok(None),
+        }
+    }
+
+    async fn wait_lock(&self, req: LockRequest<'_>, deadline: Instant) -> Result<Waited, Error> {
+        let queue = QueueGuard {
+            backend: self,
+            key: req.key,
+            queue: Some(self.queue(req.key)),
+        };
+        let Some(q) = queue.queue.as_ref() else {
+            return Ok(Waited::new(None, 0));
+        };
+        // Local FIFO: tokio's mutex serves waiters in order, so one task per key contends with
+        // other processes and the others queue behind it.
+        let Ok(_turn) = tokio::time::timeout_at(deadline, q.turn.lock()).await else {
+            return Ok(Waited::new(None, 0));
+        };
+        let names = names(&self.inner.config.prefix, req.key);
+        let sub = Subscription::new(&self.inner.node, &self.inner.wake, &names.channel).await?;
+        let mut attempts = 0u32;
+        loop {
+            let woken = sub.notify.notified();
+            tokio::pin!(woken);
+            woken.as_mut().enable();
+            attempts += 1;
+            let started = Instant::now();
+            let attempt = LockRequest::new(req.key, req.owner, req.ttl, started, req.monitor);
+            if let Some(grant) = self.try_lock(attempt).await? {
+                return Ok(Waited::new(Some(grant), attempts));
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(Waited::new(None, attempts));
+            }
+            // Woken by the release message, or after a jittered backoff in case a message was
+            // lost (a reconnect, a holder that expired instead of releasing).
+            let fallback = self.inner.config.wait_backoff.delay(attempts);
+            let until = (now + fallback.max(Duration::from_millis(1))).min(deadline);
+            tokio::select! {
+                () = &mut woken => {}
+                () = tokio::time::sleep_until(until) => {}
+            }
+        }
+    }
+
+    async fn release(&self, held: Held<'_>) -> Result<bool, Error> {
+        let names = names(&self.inner.config.prefix, held.key);
+        self.inner.node.release(&names, held.owner).await
+    }
+
+    async fn extend(&self, req: ExtendRequest<'_>) -> Result<Option<Validity>, Error> {
+        let names = names(&self.inner.config.prefix, req.held.key);
+        let ok = self
+            .inner
+            .node
+            .extend(&names, req.held.owner, req.ttl, false)
+            .await?;
+        Ok(ok.then(|| req.ttl_validity()))
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
+        let names = names(&self.inner.config.prefix, key);
+        Ok(self
+            .inner
+            .node
+            .inspect(&names)
+            .await?
+            .map(|(owner, remaining, fence)| {
+                let mut info = HolderInfo::unknown().with_owner(owner);
+                if let Some(r) = remaining {
+                    info = info.with_remaining(r);
+                }
+                if let Some(f) = fence {
+                    info = info.with_fencing(leasehold_core::FencingToken::new(f));
+                }
+                info
+            }))
+    }
+}

@@ -1,0 +1,65 @@
+//! Shared by the test binaries of this crate (each includes it with `mod common;`).
+
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use leasehold_core::LockBackend;
+use leasehold_redis::{RedisBackend, RedisConfig, RedlockBackend, RedlockConfig};
+use leasehold_test_support::conformance::Target;
+use leasehold_test_support::services::{Endpoints, unique_prefix};
+
+/// A fresh key prefix, so tests never see each other's keys.
+pub(crate) fn prefix(test: &str) -> String {
+    format!("{}:", unique_prefix(test))
+}
+
+pub(crate) async fn redis(url: &str, prefix: &str) -> RedisBackend {
+    let config = RedisConfig::from_url(url)
+        .and_then(|c| c.with_prefix(prefix))
+        .unwrap_or_else(|e| panic!("config: {e}"));
+    RedisBackend::connect(config)
+        .await
+        .unwrap_or_else(|e| panic!("connect: {e}"))
+}
+
+pub(crate) fn redlock(urls: &[String], prefix: &str) -> RedlockBackend {
+    let config = RedlockConfig::from_urls(urls)
+        .and_then(|c| c.with_prefix(prefix))
+        .map(|c| c.with_node_timeout(Duration::from_millis(50)))
+        .unwrap_or_else(|e| panic!("config: {e}"));
+    RedlockBackend::new(config).unwrap_or_else(|e| panic!("redlock: {e}"))
+}
+
+/// The single-node conformance target: two independent connections, one prefix per target.
+pub(crate) async fn single_target(ep: &Endpoints) -> Target {
+    let prefix = prefix("conformance");
+    let primary = redis(ep.url(), &prefix).await;
+    let other = redis(ep.url(), &prefix).await;
+    let counter = primary.clone();
+    Target::new(
+        Arc::new(primary),
+        Arc::new(other),
+        Duration::from_millis(300),
+    )
+    .with_held(Arc::new(move || {
+        let counter = counter.clone();
+        Box::pin(async move { counter.count_lock_keys("").await })
+    }))
+}
+
+/// The Redlock conformance target over the given node URLs.
+pub(crate) fn redlock_target(urls: &[String]) -> Target {
+    let prefix = prefix("conformance");
+    let primary = redlock(urls, &prefix);
+    let other = redlock(urls, &prefix);
+    let counter = primary.clone();
+    let primary: Arc<dyn LockBackend> = Arc::new(primary);
+    Target::new(primary, Arc::new(other), Duration::from_millis(500)).with_held(Arc::new(
+        move || {
+            let counter = counter.clone();
+            Box::pin(async move { Ok(counter.count_lock_keys("").await?.into_iter().sum()) })
+        },
+    ))
+}

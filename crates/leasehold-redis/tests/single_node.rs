@@ -1,0 +1,136 @@
+//! Single-node behaviour beyond the suite: wake-ups on release, local FIFO order, interop with
+//! redis-cli, the best-effort nature of the fencing counter.
+
+// Helpers outside #[test] fns fail the test by panicking, like the tests themselves.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use leasehold_core::{Backoff, LockOptions, Locker, Renewal};
+use leasehold_redis::{RedisBackend, RedisConfig};
+use leasehold_test_support::require_service;
+use leasehold_test_support::services::Service;
+use tokio::sync::Mutex;
+use tokio::time::Instant;
+
+fn locker(backend: RedisBackend) -> Locker {
+    Locker::new(backend)
+        .with_options(
+            LockOptions::default()
+                .with_ttl(Duration::from_secs(10))
+                .with_renewal(Renewal::Off),
+        )
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_are_woken_by_the_release_message_not_by_polling() {
+    let ep = require_service!(Service::Redis);
+    let prefix = common::prefix("wake");
+    // A fallback backoff of 5 s: only the release message can wake the waiter sooner.
+    let config = RedisConfig::from_url(ep.url())
+        .and_then(|c| c.with_prefix(&prefix))
+        .unwrap()
+        .with_wait_backoff(Backoff {
+            initial: Duration::from_secs(5),
+            max: Duration::from_secs(5),
+        });
+    let holder = locker(common::redis(ep.url(), &prefix).await);
+    let waiter = locker(RedisBackend::connect(config).await.unwrap());
+    for round in 0..5 {
+        let lease = holder.try_acquire("k").await.unwrap().expect("free");
+        let w = {
+            let waiter = waiter.clone();
+            tokio::spawn(async move {
+                let l = waiter.acquire("k", Duration::from_secs(20)).await;
+                (l, Instant::now())
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let released = Instant::now();
+        assert!(lease.release().await.unwrap());
+        let (got, at) = w.await.unwrap();
+        let got = got.unwrap();
+        let lag = at - released;
+        eprintln!("round {round}: woken {lag:?} after release");
+        assert!(
+            lag < Duration::from_millis(500),
+            "waiter took {lag:?}: polled, not woken"
+        );
+        assert!(got.release().await.unwrap());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_of_one_process_are_served_in_arrival_order() {
+    let ep = require_service!(Service::Redis);
+    let prefix = common::prefix("fifo");
+    let l = locker(common::redis(ep.url(), &prefix).await);
+    let first = l.try_acquire("k").await.unwrap().expect("free");
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..8 {
+        let (l, order) = (l.clone(), Arc::clone(&order));
+        tasks.push(tokio::spawn(async move {
+            let lease = l.acquire("k", Duration::from_secs(30)).await.unwrap();
+            order.lock().await.push(i);
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            assert!(lease.release().await.unwrap());
+        }));
+        // Let each waiter queue before the next arrives.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(first.release().await.unwrap());
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(*order.lock().await, (0..8).collect::<Vec<_>>());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_taken_with_redis_cli_excludes_ours_and_the_other_way_round() {
+    let ep = require_service!(Service::Redis);
+    let addr = ep.addr().expect("tcp address");
+    let prefix = common::prefix("interop");
+    let l = locker(common::redis(ep.url(), &prefix).await);
+    let key = format!("{prefix}{{nightly}}");
+    let cli = |args: &[&str]| {
+        let out = std::process::Command::new("redis-cli")
+            .args(["-h", &addr.ip().to_string(), "-p", &addr.port().to_string()])
+            .args(args)
+            .output()
+            .expect("redis-cli runs");
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    assert_eq!(cli(&["SET", &key, "by-hand", "NX", "PX", "30000"]), "OK");
+    assert!(l.try_acquire("nightly").await.unwrap().is_none());
+    assert_eq!(cli(&["DEL", &key]), "1");
+    let lease = l.try_acquire("nightly").await.unwrap().expect("free again");
+    assert_eq!(cli(&["SET", &key, "by-hand", "NX", "PX", "30000"]), "");
+    assert_eq!(cli(&["GET", &key]), lease.owner().as_str());
+    assert!(lease.release().await.unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fencing_tokens_increase_per_key_in_one_round_trip() {
+    let ep = require_service!(Service::Redis);
+    let prefix = common::prefix("fence");
+    let backend = common::redis(ep.url(), &prefix).await;
+    let l = locker(backend.clone());
+    let mut last = 0;
+    for _ in 0..20 {
+        let lease = l.try_acquire("k").await.unwrap().expect("free");
+        let t = lease.fencing_token().expect("token").get();
+        assert!(t > last, "{t} after {last}");
+        last = t;
+        let info = l.inspect("k").await.unwrap().expect("held");
+        assert_eq!(info.owner.as_ref(), Some(lease.owner()));
+        assert_eq!(info.fencing.map(|f| f.get()), Some(t));
+        assert!(lease.release().await.unwrap());
+    }
+    assert!(l.inspect("k").await.unwrap().is_none());
+    assert_eq!(backend.count_lock_keys("").await.unwrap(), 0);
+}
