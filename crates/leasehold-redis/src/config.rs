@@ -8,8 +8,10 @@ use redis::{ConnectionInfo, IntoConnectionInfo, ProtocolVersion};
 
 use crate::keys::{DEFAULT_PREFIX, check_prefix};
 
-/// URL schemes of the single-node backend.
-pub const SCHEMES: &[&str] = &["redis", "redis+unix", "unix"];
+/// URL schemes of [`RedisBackend`](crate::RedisBackend): one server (`redis`, `redis+unix`,
+/// `unix`), or a Redis Cluster given its seed nodes
+/// (`redis-cluster://[user:password@]host:port,host:port,…`).
+pub const SCHEMES: &[&str] = &["redis", "redis+unix", "unix", "redis-cluster"];
 
 /// URL scheme of the Redlock backend: `redlock://[user:password@]host:port,host:port,…[/db]`.
 pub const REDLOCK_SCHEMES: &[&str] = &["redlock"];
@@ -96,10 +98,67 @@ impl Server {
     }
 }
 
+/// Where a [`RedisBackend`](crate::RedisBackend) connects.
+#[derive(Clone)]
+pub(crate) enum Deployment {
+    /// One server.
+    Server(Box<Server>),
+    /// A Redis Cluster, by its seed nodes.
+    Cluster(Vec<Server>),
+}
+
+impl Deployment {
+    fn redacted(&self) -> String {
+        match self {
+            Self::Server(s) => s.redacted.clone(),
+            Self::Cluster(seeds) => {
+                let urls: Vec<&str> = seeds.iter().map(|s| s.redacted.as_str()).collect();
+                format!("cluster [{}]", urls.join(", "))
+            }
+        }
+    }
+
+    /// The address(es), for messages.
+    pub(crate) fn name(&self) -> String {
+        match self {
+            Self::Server(s) => s.name.clone(),
+            Self::Cluster(seeds) => {
+                let names: Vec<&str> = seeds.iter().map(|s| s.name.as_str()).collect();
+                format!("cluster {}", names.join(","))
+            }
+        }
+    }
+}
+
+/// Splits `scheme://[userinfo@]h1,h2,…[/tail]` into one `redis://[userinfo@]hN[/tail]` per host.
+fn split_hosts(backend: &'static str, url: &str, scheme: &str) -> Result<Vec<String>, Error> {
+    let rest = url.strip_prefix(scheme).ok_or_else(|| {
+        invalid(
+            backend,
+            format!("{}: expected a URL starting with {scheme}", redact(url)),
+        )
+    })?;
+    let hosts_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(hosts_end);
+    let (userinfo, hosts) = match authority.rfind('@') {
+        Some(at) => (&authority[..=at], &authority[at + 1..]),
+        None => ("", authority),
+    };
+    let urls: Vec<String> = hosts
+        .split(',')
+        .filter(|h| !h.is_empty())
+        .map(|h| format!("redis://{userinfo}{h}{tail}"))
+        .collect();
+    if urls.is_empty() {
+        return Err(invalid(backend, format!("{}: no host given", redact(url))));
+    }
+    Ok(urls)
+}
+
 /// Configuration of [`RedisBackend`](crate::RedisBackend).
 #[derive(Clone)]
 pub struct RedisConfig {
-    pub(crate) server: Server,
+    pub(crate) deployment: Deployment,
     pub(crate) prefix: String,
     pub(crate) connect_timeout: Duration,
     pub(crate) response_timeout: Duration,
@@ -109,7 +168,7 @@ pub struct RedisConfig {
 impl fmt::Debug for RedisConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisConfig")
-            .field("url", &self.server.redacted)
+            .field("url", &self.deployment.redacted())
             .field("prefix", &self.prefix)
             .field("connect_timeout", &self.connect_timeout)
             .field("response_timeout", &self.response_timeout)
@@ -119,11 +178,45 @@ impl fmt::Debug for RedisConfig {
 }
 
 impl RedisConfig {
-    /// From a `redis://[user:password@]host[:port][/db]` (or `redis+unix:///path`) URL, with the
-    /// default prefix `leasehold:`, a 1 s connect timeout and a 1 s response timeout.
+    /// From a `redis://[user:password@]host[:port][/db]` (or `redis+unix:///path`) URL, or a
+    /// `redis-cluster://[user:password@]host:port,host:port,…` URL of a Redis Cluster's seed
+    /// nodes, with the default prefix `leasehold:`, a 1 s connect timeout and a 1 s response
+    /// timeout.
     pub fn from_url(url: &str) -> Result<Self, Error> {
-        Ok(Self {
-            server: Server::parse(crate::single::NAME, url)?,
+        let deployment = if url.starts_with("redis-cluster://") {
+            let seeds = split_hosts(crate::single::NAME, url, "redis-cluster://")?
+                .iter()
+                .map(|u| Server::parse(crate::single::NAME, u))
+                .collect::<Result<Vec<_>, _>>()?;
+            Deployment::Cluster(seeds)
+        } else {
+            Deployment::Server(Box::new(Server::parse(crate::single::NAME, url)?))
+        };
+        Ok(Self::with_deployment(deployment))
+    }
+
+    /// A Redis Cluster, from the `redis://` URLs of some of its nodes (seeds).
+    pub fn cluster<I, S>(seeds: I) -> Result<Self, Error>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let seeds = seeds
+            .into_iter()
+            .map(|u| Server::parse(crate::single::NAME, u.as_ref()))
+            .collect::<Result<Vec<_>, _>>()?;
+        if seeds.is_empty() {
+            return Err(invalid(
+                crate::single::NAME,
+                "a Redis Cluster needs at least one seed node",
+            ));
+        }
+        Ok(Self::with_deployment(Deployment::Cluster(seeds)))
+    }
+
+    fn with_deployment(deployment: Deployment) -> Self {
+        Self {
+            deployment,
             prefix: DEFAULT_PREFIX.to_owned(),
             connect_timeout: Duration::from_secs(1),
             response_timeout: Duration::from_secs(1),
@@ -131,7 +224,7 @@ impl RedisConfig {
                 initial: Duration::from_millis(50),
                 max: Duration::from_secs(1),
             },
-        })
+        }
     }
 
     /// Sets the key prefix (no braces).
@@ -155,9 +248,9 @@ impl RedisConfig {
         self
     }
 
-    /// The URL, password redacted.
-    pub fn redacted_url(&self) -> &str {
-        &self.server.redacted
+    /// The URL(s), passwords redacted.
+    pub fn redacted_url(&self) -> String {
+        self.deployment.redacted()
     }
 }
 
@@ -233,25 +326,7 @@ impl RedlockConfig {
     /// From `redlock://[user:password@]host:port,host:port,…[/db]`: the same credentials and
     /// database on every node.
     pub fn from_url(url: &str) -> Result<Self, Error> {
-        let redacted = redact(url);
-        let rest = url.strip_prefix("redlock://").ok_or_else(|| {
-            invalid(
-                crate::redlock::NAME,
-                format!("{redacted}: a Redlock URL starts with redlock://"),
-            )
-        })?;
-        let hosts_end = rest.find(['/', '?']).unwrap_or(rest.len());
-        let (authority, tail) = rest.split_at(hosts_end);
-        let (userinfo, hosts) = match authority.rfind('@') {
-            Some(at) => (&authority[..=at], &authority[at + 1..]),
-            None => ("", authority),
-        };
-        let urls: Vec<String> = hosts
-            .split(',')
-            .filter(|h| !h.is_empty())
-            .map(|h| format!("redis://{userinfo}{h}{tail}"))
-            .collect();
-        Self::from_urls(urls)
+        Self::from_urls(split_hosts(crate::redlock::NAME, url, "redlock://")?)
     }
 
     /// Sets the key prefix (no braces).

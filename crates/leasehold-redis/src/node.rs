@@ -5,8 +5,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold_core::{Error, ErrorKind, FencingToken, LockKey, Owner};
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{Client, RedisError};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::{Client, Cmd, Pipeline, RedisError, RedisFuture, Value};
 use tokio::sync::OnceCell;
 
 use crate::keys::Names;
@@ -21,13 +23,55 @@ pub(crate) enum Taken {
     Held,
 }
 
-/// A Redis server and our connection to it.
+/// How to reach a Redis deployment: one server, or a Redis Cluster through its seed nodes.
+pub(crate) enum Connector {
+    /// One server, through an auto-reconnecting connection manager.
+    Single(Client, ConnectionManagerConfig),
+    /// A Redis Cluster; redis-rs routes each command to the master of its slot.
+    Cluster(ClusterClient),
+}
+
+/// The shared, multiplexed connection of a [`Node`].
+#[derive(Clone)]
+pub(crate) enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Self::Single(c) => c.req_packed_command(cmd),
+            Self::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Self::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Self::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Self::Single(c) => c.get_db(),
+            Self::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// A Redis deployment (one server or one cluster) and our connection to it.
 pub(crate) struct Node {
-    client: Client,
-    /// `host:port` (or the socket path), never with credentials: for messages.
+    connector: Connector,
+    /// `host:port` (or the socket path, or the seed list), never with credentials.
     pub(crate) name: String,
-    config: ConnectionManagerConfig,
-    conn: OnceCell<ConnectionManager>,
+    conn: OnceCell<Conn>,
     backend: &'static str,
 }
 
@@ -38,27 +82,35 @@ impl std::fmt::Debug for Node {
 }
 
 impl Node {
-    pub(crate) fn new(
-        backend: &'static str,
-        client: Client,
-        name: String,
-        config: ConnectionManagerConfig,
-    ) -> Arc<Self> {
+    pub(crate) fn new(backend: &'static str, connector: Connector, name: String) -> Arc<Self> {
         Arc::new(Self {
-            client,
+            connector,
             name,
-            config,
             conn: OnceCell::new(),
             backend,
         })
     }
 
+    /// Whether this is a Redis Cluster.
+    pub(crate) fn is_cluster(&self) -> bool {
+        matches!(self.connector, Connector::Cluster(_))
+    }
+
     /// The shared connection, connecting on first use (and again after a failed first connect);
     /// once made, it reconnects by itself.
-    pub(crate) async fn conn(&self) -> Result<ConnectionManager, Error> {
+    pub(crate) async fn conn(&self) -> Result<Conn, Error> {
         self.conn
-            .get_or_try_init(|| {
-                ConnectionManager::new_with_config(self.client.clone(), self.config.clone())
+            .get_or_try_init(|| async {
+                match &self.connector {
+                    Connector::Single(client, config) => {
+                        ConnectionManager::new_with_config(client.clone(), config.clone())
+                            .await
+                            .map(Conn::Single)
+                    }
+                    Connector::Cluster(client) => {
+                        client.get_async_connection().await.map(Conn::Cluster)
+                    }
+                }
             })
             .await
             .cloned()
@@ -111,6 +163,7 @@ impl Node {
             .key(&names.lock)
             .key(&names.channel)
             .arg(owner.as_str())
+            .arg(if self.is_cluster() { "S" } else { "" })
             .invoke_async(&mut conn)
             .await
             .map_err(|e| self.error(&e, "release"))?;
@@ -156,20 +209,23 @@ impl Node {
         }))
     }
 
-    /// Subscribes the shared connection to a wake-up channel (RESP3 push).
+    /// Subscribes the shared connection to a wake-up channel (RESP3 push; sharded pub/sub on a
+    /// cluster, so the channel lives on the lock's slot).
     pub(crate) async fn subscribe(&self, channel: &str) -> Result<(), Error> {
-        let mut conn = self.conn().await?;
-        conn.subscribe(channel)
-            .await
-            .map_err(|e| self.error(&e, "subscribe"))
+        let r = match self.conn().await? {
+            Conn::Single(mut c) => c.subscribe(channel).await,
+            Conn::Cluster(mut c) => c.ssubscribe(channel).await,
+        };
+        r.map_err(|e| self.error(&e, "subscribe"))
     }
 
     /// Drops a subscription.
     pub(crate) async fn unsubscribe(&self, channel: &str) -> Result<(), Error> {
-        let mut conn = self.conn().await?;
-        conn.unsubscribe(channel)
-            .await
-            .map_err(|e| self.error(&e, "unsubscribe"))
+        let r = match self.conn().await? {
+            Conn::Single(mut c) => c.unsubscribe(channel).await,
+            Conn::Cluster(mut c) => c.sunsubscribe(channel).await,
+        };
+        r.map_err(|e| self.error(&e, "unsubscribe"))
     }
 
     /// Counts the keys matching `pattern` (SCAN), for leak checks.

@@ -18,7 +18,7 @@ use tokio::time::Instant;
 
 use crate::config::{RedlockConfig, invalid};
 use crate::keys::Names;
-use crate::node::{Node, Taken, names};
+use crate::node::{Connector, Node, Taken, names};
 
 pub(crate) const NAME: &str = "redlock";
 
@@ -192,7 +192,11 @@ impl RedlockBackend {
                     .set_connection_timeout(Some(config.connect_timeout))
                     .set_response_timeout(Some(config.connect_timeout))
                     .set_number_of_retries(1);
-                Ok(Node::new(NAME, client, s.name.clone(), cm))
+                Ok(Node::new(
+                    NAME,
+                    Connector::Single(client, cm),
+                    s.name.clone(),
+                ))
             })
             .collect::<Result<Vec<_>, Error>>()?;
         Ok(Self {

@@ -18,14 +18,19 @@ return false
     )
 });
 
-/// `KEYS[1]` lock, `KEYS[2]` wake-up channel; `ARGV[1]` owner.
+/// `KEYS[1]` lock, `KEYS[2]` wake-up channel; `ARGV[1]` owner, `ARGV[2]` `S` to publish on the
+/// sharded channel (Redis Cluster: the channel lives on the lock's slot).
 /// Deletes the lock only if it holds our owner value, then wakes waiters. 1 if deleted, else 0.
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  redis.call('PUBLISH', KEYS[2], ARGV[1])
+  if ARGV[2] == 'S' then
+    redis.call('SPUBLISH', KEYS[2], ARGV[1])
+  else
+    redis.call('PUBLISH', KEYS[2], ARGV[1])
+  end
   return 1
 end
 return 0

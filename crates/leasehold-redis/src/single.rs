@@ -10,12 +10,13 @@ use leasehold_core::{
     LockRequest, SafetyClass, Validity, WaitKind, Waited,
 };
 use redis::aio::ConnectionManagerConfig;
-use redis::{Client, PushInfo, PushKind, Value};
+use redis::cluster::ClusterClient;
+use redis::{Client, ProtocolVersion, PushInfo, PushKind, Value};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::config::{RedisConfig, invalid};
-use crate::node::{Node, Taken, names};
+use crate::config::{Deployment, RedisConfig, invalid};
+use crate::node::{Connector, Node, Taken, names};
 
 pub(crate) const NAME: &str = "redis";
 
@@ -58,7 +59,7 @@ struct WakeHub {
 impl WakeHub {
     fn on_push(&self, push: PushInfo) {
         match push.kind {
-            PushKind::Message => {
+            PushKind::Message | PushKind::SMessage => {
                 if let Some(Value::BulkString(channel)) = push.data.first()
                     && let Ok(channel) = std::str::from_utf8(channel)
                     && let Some(n) = self.lock().get(channel)
@@ -86,22 +87,38 @@ impl RedisBackend {
     pub async fn connect(config: RedisConfig) -> Result<Self, Error> {
         let wake = Arc::new(WakeHub::default());
         let hub = Arc::clone(&wake);
-        let client = Client::open(config.server.resp3()).map_err(|e| {
-            invalid(
-                NAME,
-                format!("{}: {}", config.server.redacted, e.category()),
-            )
-        })?;
-        let cm = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(config.connect_timeout))
-            .set_response_timeout(Some(config.response_timeout))
-            .set_number_of_retries(1)
-            .set_automatic_resubscription()
-            .set_push_sender(move |push: PushInfo| {
-                hub.on_push(push);
-                Ok::<(), redis::aio::SendError>(())
-            });
-        let node = Node::new(NAME, client, config.server.name.clone(), cm);
+        let connector = match &config.deployment {
+            Deployment::Server(server) => {
+                let client = Client::open(server.resp3())
+                    .map_err(|e| invalid(NAME, format!("{}: {}", server.redacted, e.category())))?;
+                let cm = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(config.connect_timeout))
+                    .set_response_timeout(Some(config.response_timeout))
+                    .set_number_of_retries(1)
+                    .set_automatic_resubscription()
+                    .set_push_sender(move |push: PushInfo| {
+                        hub.on_push(push);
+                        Ok::<(), redis::aio::SendError>(())
+                    });
+                Connector::Single(client, cm)
+            }
+            Deployment::Cluster(seeds) => {
+                let client = ClusterClient::builder(seeds.iter().map(|s| s.resp3()))
+                    .use_protocol(ProtocolVersion::RESP3)
+                    .connection_timeout(config.connect_timeout)
+                    .response_timeout(config.response_timeout)
+                    .push_sender(move |push: PushInfo| {
+                        hub.on_push(push);
+                        Ok::<(), redis::aio::SendError>(())
+                    })
+                    .build()
+                    .map_err(|e| {
+                        invalid(NAME, format!("{}: {}", config.redacted_url(), e.category()))
+                    })?;
+                Connector::Cluster(client)
+            }
+        };
+        let node = Node::new(NAME, connector, config.deployment.name());
         node.conn().await?;
         Ok(Self {
             inner: Arc::new(Inner {
@@ -114,8 +131,16 @@ impl RedisBackend {
     }
 
     /// Counts the lock keys under this backend's prefix on the server (SCAN): the leak check
-    /// of the tests. Fence counters are not counted.
+    /// of the tests. Fence counters are not counted. Not available on a Redis Cluster (SCAN
+    /// sees one node): count on each master instead.
     pub async fn count_lock_keys(&self, key_prefix: &str) -> Result<usize, Error> {
+        if self.inner.node.is_cluster() {
+            return Err(Error::new(
+                leasehold_core::ErrorKind::Unsupported,
+                NAME,
+                "counting keys needs one connection per master on a Redis Cluster",
+            ));
+        }
         let pattern = format!(
             "{}{{{}*}}",
             self.inner.config.prefix,

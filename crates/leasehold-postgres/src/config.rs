@@ -1,0 +1,519 @@
+//! Configuration: connection strings (URLs and libpq key=value strings) plus leasehold's own
+//! settings.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use leasehold_core::{Error, ErrorKind};
+
+use crate::NAME;
+
+/// The URL schemes this backend accepts.
+pub const SCHEMES: &[&str] = &["postgres", "postgresql"];
+
+/// Default period of the health check on every lock session.
+pub const DEFAULT_HEALTH_INTERVAL: Duration = Duration::from_millis(250);
+/// Default time a health check may take before the session counts as lost.
+pub const DEFAULT_HEALTH_TIMEOUT: Duration = Duration::from_millis(500);
+/// Default number of idle sessions kept for reuse.
+pub const DEFAULT_MAX_IDLE_SESSIONS: usize = 8;
+/// Default schema of the fencing sequence.
+pub const DEFAULT_FENCE_SCHEMA: &str = "public";
+/// Default name of the fencing sequence.
+pub const DEFAULT_FENCE_SEQUENCE: &str = "leasehold_fence";
+
+/// Longest identifier PostgreSQL keeps (NAMEDATALEN − 1).
+const MAX_IDENT: usize = 63;
+/// Longest key prefix accepted.
+const MAX_PREFIX: usize = 256;
+
+/// Parameters of a connection string that leasehold reads itself (and removes before the rest
+/// goes to the PostgreSQL driver).
+const OWN_PARAMS: &[&str] = &[
+    "prefix",
+    "fence_schema",
+    "fence_sequence",
+    "health_interval_ms",
+    "health_timeout_ms",
+    "max_idle_sessions",
+];
+
+/// How [`PostgresBackend`](crate::PostgresBackend) connects and behaves.
+///
+/// Built from a connection string with [`from_url`](Self::from_url) (or `str::parse`), which
+/// accepts
+///
+/// - URLs: `postgres://user:password@host:port/dbname?param=value&…` (also `postgresql://`;
+///   a host that is a directory path, percent-encoded, or `?host=/path/to/socket/dir`, is a
+///   unix socket);
+/// - libpq key=value strings: `host=/var/run/postgresql port=5432 user=app dbname=app`
+///   (values may be single-quoted).
+///
+/// Every libpq parameter tokio-postgres understands is passed through (`user`, `password`,
+/// `dbname`, `host`, `port`, `application_name`, `options`, `connect_timeout`,
+/// `keepalives*`, `tcp_user_timeout`, `target_session_attrs`, …). On top of them:
+///
+/// | parameter | default | meaning |
+/// |---|---|---|
+/// | `prefix` | empty | namespace prepended to every key before it is hashed |
+/// | `fence_schema` | `public` | schema of the fencing sequence |
+/// | `fence_sequence` | `leasehold_fence` | name of the fencing sequence (created if missing) |
+/// | `health_interval_ms` | 250 | period of the health check on each lock session |
+/// | `health_timeout_ms` | 500 | how long one health check may take |
+/// | `max_idle_sessions` | 8 | idle sessions kept for reuse (0: connect per acquire) |
+/// | `sslmode` | `prefer` | `disable` and `prefer` connect without TLS; `require`, `verify-ca` and `verify-full` are refused: this build has no TLS |
+///
+/// Unless the string sets them, TCP keepalives are on with a 15 s idle time, a 5 s interval
+/// and 3 probes, and connecting times out after 10 s.
+///
+/// `Debug` never shows the password.
+#[derive(Clone)]
+pub struct PostgresConfig {
+    pub(crate) pg: tokio_postgres::Config,
+    pub(crate) prefix: String,
+    pub(crate) fence_schema: String,
+    pub(crate) fence_sequence: String,
+    pub(crate) health_interval: Duration,
+    pub(crate) health_timeout: Duration,
+    pub(crate) max_idle_sessions: usize,
+}
+
+impl fmt::Debug for PostgresConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // tokio-postgres' own Debug redacts the password (it prints `_`).
+        f.debug_struct("PostgresConfig")
+            .field("pg", &self.pg)
+            .field("prefix", &self.prefix)
+            .field("fence_schema", &self.fence_schema)
+            .field("fence_sequence", &self.fence_sequence)
+            .field("health_interval", &self.health_interval)
+            .field("health_timeout", &self.health_timeout)
+            .field("max_idle_sessions", &self.max_idle_sessions)
+            .finish()
+    }
+}
+
+impl FromStr for PostgresConfig {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self, Error> {
+        Self::from_url(s)
+    }
+}
+
+impl PostgresConfig {
+    /// Parses a `postgres://` / `postgresql://` URL or a libpq key=value string (see the type's
+    /// documentation). Errors never quote the string, which may hold a password.
+    pub fn from_url(s: &str) -> Result<Self, Error> {
+        let is_url = SCHEMES
+            .iter()
+            .any(|scheme| s.strip_prefix(scheme).is_some_and(|r| r.starts_with("://")));
+        let (rest, params) = if is_url {
+            split_url(s)?
+        } else {
+            split_key_values(s)?
+        };
+        let pg = tokio_postgres::Config::from_str(&rest).map_err(|e| {
+            // tokio-postgres' parse errors name the option, never its value.
+            invalid(format!("invalid connection string: {e}"))
+        })?;
+        let given = |k: &str| params_given(&rest, k);
+        let mut cfg = Self::with_defaults(pg, &given);
+        for (key, value) in &params {
+            cfg.apply(key, value)?;
+        }
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Wraps an already built tokio-postgres configuration, with leasehold's defaults (its
+    /// keepalive settings are kept). Its `ssl_mode` must not be `require`: this build has no
+    /// TLS.
+    pub fn from_pg_config(pg: tokio_postgres::Config) -> Result<Self, Error> {
+        let cfg = Self::with_defaults(pg, &|_| true);
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Leasehold's defaults around `pg`; keepalive settings the user `given` are kept.
+    fn with_defaults(mut pg: tokio_postgres::Config, given: &dyn Fn(&str) -> bool) -> Self {
+        if !given("keepalives") && !given("keepalives_idle") {
+            pg.keepalives(true);
+            pg.keepalives_idle(Duration::from_secs(15));
+        }
+        if !given("keepalives_interval") {
+            pg.keepalives_interval(Duration::from_secs(5));
+        }
+        if !given("keepalives_retries") {
+            pg.keepalives_retries(3);
+        }
+        if pg.get_connect_timeout().is_none() {
+            pg.connect_timeout(Duration::from_secs(10));
+        }
+        Self {
+            pg,
+            prefix: String::new(),
+            fence_schema: DEFAULT_FENCE_SCHEMA.to_owned(),
+            fence_sequence: DEFAULT_FENCE_SEQUENCE.to_owned(),
+            health_interval: DEFAULT_HEALTH_INTERVAL,
+            health_timeout: DEFAULT_HEALTH_TIMEOUT,
+            max_idle_sessions: DEFAULT_MAX_IDLE_SESSIONS,
+        }
+    }
+
+    fn apply(&mut self, key: &str, value: &str) -> Result<(), Error> {
+        let millis = |v: &str| -> Result<Duration, Error> {
+            v.parse::<u64>()
+                .ok()
+                .filter(|ms| *ms > 0)
+                .map(Duration::from_millis)
+                .ok_or_else(|| invalid(format!("{key} must be a positive number of milliseconds")))
+        };
+        match key {
+            "prefix" => self.prefix = value.to_owned(),
+            "fence_schema" => self.fence_schema = value.to_owned(),
+            "fence_sequence" => self.fence_sequence = value.to_owned(),
+            "health_interval_ms" => self.health_interval = millis(value)?,
+            "health_timeout_ms" => self.health_timeout = millis(value)?,
+            "max_idle_sessions" => {
+                self.max_idle_sessions = value
+                    .parse()
+                    .map_err(|_| invalid("max_idle_sessions must be a non-negative integer"))?;
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn validate(&self) -> Result<(), Error> {
+        for (what, ident) in [
+            ("fence_schema", &self.fence_schema),
+            ("fence_sequence", &self.fence_sequence),
+        ] {
+            if ident.is_empty() || ident.len() > MAX_IDENT || ident.contains('\0') {
+                return Err(invalid(format!(
+                    "{what} must be 1 to {MAX_IDENT} bytes without NUL"
+                )));
+            }
+        }
+        if self.prefix.len() > MAX_PREFIX || self.prefix.contains('\0') {
+            return Err(invalid(format!(
+                "prefix must be at most {MAX_PREFIX} bytes without NUL"
+            )));
+        }
+        if self.health_interval.is_zero() || self.health_timeout.is_zero() {
+            return Err(invalid("health interval and timeout must be positive"));
+        }
+        if self.pg.get_ssl_mode() == tokio_postgres::config::SslMode::Require {
+            return Err(tls_unsupported());
+        }
+        if self.pg.get_hosts().is_empty() {
+            return Err(invalid("no host given"));
+        }
+        Ok(())
+    }
+
+    /// Sets the key namespace: every key is hashed as `prefix + key`.
+    pub fn with_prefix(mut self, prefix: impl Into<String>) -> Result<Self, Error> {
+        self.prefix = prefix.into();
+        self.validate()?;
+        Ok(self)
+    }
+
+    /// Sets the schema and name of the fencing sequence (created if missing; the schema must
+    /// exist).
+    pub fn with_fence_sequence(
+        mut self,
+        schema: impl Into<String>,
+        name: impl Into<String>,
+    ) -> Result<Self, Error> {
+        self.fence_schema = schema.into();
+        self.fence_sequence = name.into();
+        self.validate()?;
+        Ok(self)
+    }
+
+    /// Sets the health-check period and the time one check may take. A lease's validity is
+    /// the start of its last successful check plus `interval + timeout`.
+    pub fn with_health(mut self, interval: Duration, timeout: Duration) -> Result<Self, Error> {
+        self.health_interval = interval;
+        self.health_timeout = timeout;
+        self.validate()?;
+        Ok(self)
+    }
+
+    /// Sets how many idle sessions are kept for reuse (0 connects for every acquisition).
+    pub fn with_max_idle_sessions(mut self, n: usize) -> Self {
+        self.max_idle_sessions = n;
+        self
+    }
+
+    /// Sets `application_name` on every session (shows in `pg_stat_activity`).
+    pub fn with_application_name(mut self, name: impl Into<String>) -> Self {
+        self.pg.application_name(name.into());
+        self
+    }
+
+    /// The key prefix.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// The health-check period.
+    pub fn health_interval(&self) -> Duration {
+        self.health_interval
+    }
+
+    /// The time one health check may take.
+    pub fn health_timeout(&self) -> Duration {
+        self.health_timeout
+    }
+
+    /// How long a lease stays valid after the start of its last successful health check:
+    /// `health_interval + health_timeout`. Also the backend's shortest accepted TTL.
+    pub fn validity_window(&self) -> Duration {
+        self.health_interval.saturating_add(self.health_timeout)
+    }
+
+    /// The fully quoted name of the fencing sequence, e.g. `"public"."leasehold_fence"`.
+    pub fn fence_sequence_sql(&self) -> String {
+        format!(
+            "{}.{}",
+            quote_ident(&self.fence_schema),
+            quote_ident(&self.fence_sequence)
+        )
+    }
+
+    /// The underlying tokio-postgres configuration.
+    pub fn pg_config(&self) -> &tokio_postgres::Config {
+        &self.pg
+    }
+}
+
+/// Whether the connection string passed on to tokio-postgres sets parameter `key` (as a URL
+/// query parameter or a key=value pair).
+fn params_given(s: &str, key: &str) -> bool {
+    let query = s.split_once('?').map_or(s, |(_, q)| q);
+    query
+        .split(['&', ' '])
+        .any(|p| p.split_once('=').is_some_and(|(k, _)| k.trim() == key))
+}
+
+fn invalid(msg: impl Into<String>) -> Error {
+    Error::new(ErrorKind::InvalidConfig, NAME, msg)
+}
+
+fn tls_unsupported() -> Error {
+    invalid(
+        "sslmode=require/verify-ca/verify-full: this build of leasehold-postgres has no TLS; \
+         use sslmode=disable or prefer (no encryption), or a unix socket",
+    )
+}
+
+/// Checks and normalises `sslmode`; `None` drops the parameter.
+fn ssl_mode(value: &str) -> Result<&'static str, Error> {
+    match value {
+        "disable" | "allow" => Ok("disable"),
+        "prefer" => Ok("prefer"),
+        "require" | "verify-ca" | "verify-full" => Err(tls_unsupported()),
+        _ => Err(invalid(
+            "sslmode must be disable, allow, prefer, require, verify-ca or verify-full",
+        )),
+    }
+}
+
+/// Double-quotes an identifier for SQL.
+pub(crate) fn quote_ident(ident: &str) -> String {
+    format!("\"{}\"", ident.replace('"', "\"\""))
+}
+
+/// Splits a URL into (URL without leasehold's parameters, leasehold's parameters).
+fn split_url(s: &str) -> Result<(String, Vec<(String, String)>), Error> {
+    let (base, query) = match s.split_once('?') {
+        Some((b, q)) => (b, q),
+        None => (s, ""),
+    };
+    let query = query.split_once('#').map_or(query, |(q, _)| q);
+    let mut kept = Vec::new();
+    let mut own = Vec::new();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        let key = percent_decode(k)?;
+        if OWN_PARAMS.contains(&key.as_str()) {
+            own.push((key, percent_decode(v)?));
+        } else if key == "sslmode" {
+            kept.push(format!("sslmode={}", ssl_mode(&percent_decode(v)?)?));
+        } else {
+            kept.push(pair.to_owned());
+        }
+    }
+    let url = if kept.is_empty() {
+        base.to_owned()
+    } else {
+        format!("{base}?{}", kept.join("&"))
+    };
+    Ok((url, own))
+}
+
+fn percent_decode(s: &str) -> Result<String, Error> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' => {
+                let hex = s
+                    .get(i + 1..i + 3)
+                    .and_then(|h| u8::from_str_radix(h, 16).ok())
+                    .ok_or_else(|| invalid("bad percent-encoding in a URL parameter"))?;
+                out.push(hex);
+                i += 3;
+            }
+            b => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).map_err(|_| invalid("a URL parameter is not UTF-8"))
+}
+
+/// Splits a libpq key=value string into (the string without leasehold's parameters,
+/// leasehold's parameters).
+fn split_key_values(s: &str) -> Result<(String, Vec<(String, String)>), Error> {
+    let mut kept = Vec::new();
+    let mut own = Vec::new();
+    for (key, value) in parse_key_values(s)? {
+        if OWN_PARAMS.contains(&key.as_str()) {
+            own.push((key, value));
+        } else if key == "sslmode" {
+            kept.push(format!("sslmode={}", ssl_mode(&value)?));
+        } else {
+            kept.push(format!(
+                "{key}='{}'",
+                value.replace('\\', "\\\\").replace('\'', "\\'")
+            ));
+        }
+    }
+    Ok((kept.join(" "), own))
+}
+
+/// Parses libpq's `key = value` syntax (values bare or single-quoted with `\` escapes).
+fn parse_key_values(s: &str) -> Result<Vec<(String, String)>, Error> {
+    let mut out = Vec::new();
+    let mut chars = s.chars().peekable();
+    loop {
+        while chars.next_if(|c| c.is_whitespace()).is_some() {}
+        if chars.peek().is_none() {
+            return Ok(out);
+        }
+        let mut key = String::new();
+        while let Some(c) = chars.next_if(|c| !c.is_whitespace() && *c != '=') {
+            key.push(c);
+        }
+        while chars.next_if(|c| c.is_whitespace()).is_some() {}
+        if chars.next() != Some('=') {
+            return Err(invalid(format!(
+                "invalid connection string: expected `=` after `{key}`"
+            )));
+        }
+        while chars.next_if(|c| c.is_whitespace()).is_some() {}
+        let mut value = String::new();
+        if chars.next_if_eq(&'\'').is_some() {
+            loop {
+                match chars.next() {
+                    Some('\\') => match chars.next() {
+                        Some(c) => value.push(c),
+                        None => {
+                            return Err(invalid("invalid connection string: unterminated quote"));
+                        }
+                    },
+                    Some('\'') => break,
+                    Some(c) => value.push(c),
+                    None => return Err(invalid("invalid connection string: unterminated quote")),
+                }
+            }
+        } else {
+            while let Some(c) = chars.next_if(|c| !c.is_whitespace()) {
+                if c == '\\' {
+                    if let Some(e) = chars.next() {
+                        value.push(e);
+                    }
+                } else {
+                    value.push(c);
+                }
+            }
+        }
+        out.push((key, value));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio_postgres::config::Host;
+
+    #[test]
+    fn url_with_own_params() -> Result<(), Error> {
+        let c = PostgresConfig::from_url(
+            "postgresql://app:s3cr%40t@db.example:6543/locks?application_name=x&prefix=svc%2F&health_interval_ms=100&health_timeout_ms=300&fence_schema=lh&fence_sequence=seq&max_idle_sessions=0",
+        )?;
+        assert_eq!(c.prefix, "svc/");
+        assert_eq!(c.health_interval, Duration::from_millis(100));
+        assert_eq!(c.validity_window(), Duration::from_millis(400));
+        assert_eq!(c.fence_sequence_sql(), "\"lh\".\"seq\"");
+        assert_eq!(c.max_idle_sessions, 0);
+        assert_eq!(c.pg.get_user(), Some("app"));
+        assert_eq!(c.pg.get_password(), Some(&b"s3cr@t"[..]));
+        assert_eq!(c.pg.get_dbname(), Some("locks"));
+        assert_eq!(c.pg.get_application_name(), Some("x"));
+        assert_eq!(c.pg.get_ports(), &[6543]);
+        assert!(c.pg.get_keepalives());
+        assert_eq!(c.pg.get_keepalives_idle(), Duration::from_secs(15));
+        let c2 = PostgresConfig::from_url("postgres://u@h/d?keepalives_idle=60")?;
+        assert_eq!(c2.pg.get_keepalives_idle(), Duration::from_secs(60));
+        let c3 = PostgresConfig::from_url("host=h keepalives_idle = 61 user=u")?;
+        assert_eq!(c3.pg.get_keepalives_idle(), Duration::from_secs(61));
+        let dbg = format!("{c:?}");
+        assert!(!dbg.contains("s3cr"), "{dbg}");
+        Ok(())
+    }
+
+    #[test]
+    fn key_values_and_unix_socket() -> Result<(), Error> {
+        let c = PostgresConfig::from_url(
+            "host=/tmp/pg\\ sock port=5433 user=u password='it\\'s secret' dbname=d prefix='a b'",
+        )?;
+        assert_eq!(c.prefix, "a b");
+        assert_eq!(c.pg.get_password(), Some(&b"it's secret"[..]));
+        assert!(
+            matches!(&c.pg.get_hosts()[0], Host::Unix(p) if p.to_str() == Some("/tmp/pg sock"))
+        );
+        let dbg = format!("{c:?}");
+        assert!(!dbg.contains("secret"), "{dbg}");
+        Ok(())
+    }
+
+    #[test]
+    fn bad_configs_are_typed_and_do_not_echo_secrets() {
+        for s in [
+            "postgres://u:hunter2@h/db?sslmode=verify-full",
+            "postgres://u:hunter2@h/db?sslmode=require",
+            "postgres://u:hunter2@h/db?health_interval_ms=0",
+            "postgres://u:hunter2@h/db?fence_sequence=",
+            "postgres://u:hunter2@h/db?bogus=1",
+            "postgres://u:hunter2@h:notaport/db",
+            "host=h password=hunter2 sslmode=bogus",
+            "host=h password='hunter2",
+        ] {
+            match PostgresConfig::from_url(s) {
+                Ok(c) => panic!("{s:?} accepted: {c:?}"),
+                Err(e) => {
+                    assert_eq!(e.kind(), ErrorKind::InvalidConfig, "{s}: {e}");
+                    assert!(!e.to_string().contains("hunter2"), "{e}");
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,188 @@
+//! PostgreSQL advisory locks as **leases with a durable fencing token**, for
+//! [leasehold](leasehold_core).
+//!
+//! A PostgreSQL advisory lock belongs to a *session*: it is held until unlocked or until the
+//! connection ends, it is re-entrant within the session (two tasks sharing one pooled
+//! connection would both "get" it), and a holder whose connection died no longer holds
+//! anything, without being told. [`PostgresBackend`] turns it into a safe lease:
+//!
+//! - **Its own sessions.** Every held lease has a connection of its own, opened and owned by
+//!   the backend and never handed to an application pool while it holds a lock. Two tasks of
+//!   one process therefore never "hold" a key through one session. A small pool keeps *idle*
+//!   sessions (holding no lock) for reuse, so an acquisition normally costs one round trip,
+//!   not a connect.
+//! - **In-process queue.** Local contenders for one key queue in the process (first come,
+//!   first served) and only the head of the queue talks to the server: 32 local waiters use
+//!   one session, not 32.
+//! - **One round trip, with the token.** `try_acquire` is one prepared statement:
+//!   `SELECT CASE WHEN pg_try_advisory_lock($1) THEN nextval('"public"."leasehold_fence"') END`.
+//!   The fencing token comes from a sequence (created with `CREATE SEQUENCE IF NOT EXISTS` on
+//!   first use; schema and name are configurable): it strictly increases across every grant
+//!   of every key, and survives server restarts (sequences never go back, even after a crash).
+//! - **Native, fair waiting.** `acquire` with a budget tries once, then blocks in
+//!   `pg_advisory_lock` (PostgreSQL's queue is fair) under a `lock_timeout` equal to the
+//!   remaining budget, rounded up to whole milliseconds and never 0 (which would mean "no
+//!   timeout"). The `SET`, the lock and a `RESET` go in one simple-protocol message, which
+//!   PostgreSQL runs as one implicit transaction: on timeout the transaction aborts and the
+//!   `SET` is rolled back, on success `RESET` runs, so the timeout is never left on the
+//!   session. A grant and a lock timeout are exclusive on the server, so the race where the
+//!   lock is granted just as the timeout fires has one answer: whichever the server sends.
+//!   After a grant, a `nextval` round trip mints the token and starts the validity (the wait
+//!   may have been long).
+//! - **Release checks its answer.** `pg_advisory_unlock` returns whether the session held the
+//!   lock; `false` is reported as "not held". A session whose unlock failed is closed.
+//! - **Told when lost.** Each lock session is watched: the moment its connection ends
+//!   (`pg_terminate_backend`, server restart, a reset), and otherwise by a health check
+//!   (`SELECT 1`) every `health_interval` (default 250 ms) that must answer within
+//!   `health_timeout` (default 500 ms). A lease's validity is the start of its last successful
+//!   check plus `health_interval + health_timeout` (the *validity window*, 750 ms by default);
+//!   a failed check fires the lease's lost signal and closes the session. TCP keepalives are
+//!   on (15 s idle, 5 s interval, 3 probes) unless the connection string says otherwise.
+//!
+//! Capabilities: [`SafetyClass::Correctness`](leasehold_core::SafetyClass::Correctness),
+//! [`FencingKind::Monotonic`](leasehold_core::FencingKind::Monotonic),
+//! [`WaitKind::Native`](leasehold_core::WaitKind::Native),
+//! [`RenewalKind::Session`](leasehold_core::RenewalKind::Session). The TTL of a
+//! [`Locker`](leasehold_core::Locker) does not shorten or lengthen a grant (it lasts as long
+//! as its session); the shortest TTL accepted is the validity window, so that a lease's
+//! deadline never lies beyond its TTL.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), leasehold_core::Error> {
+//! use std::time::Duration;
+//! use leasehold_core::Locker;
+//!
+//! let backend = leasehold_postgres::connect("postgres://app:secret@127.0.0.1/app").await?;
+//! let locker = Locker::new(backend);
+//! let lease = locker.acquire("billing/export", Duration::from_secs(5)).await?;
+//! let token = lease.fencing_token(); // send with every write; the resource rejects lower ones
+//! lease.run(async { /* work */ }).await?; // cancelled if the lease is lost
+//! lease.release().await?;
+//! # let _ = token; Ok(()) }
+//! ```
+//!
+//! # What it does not guarantee
+//!
+//! - A lease can be lost while its holder runs: the server can end the session (restart,
+//!   `pg_terminate_backend`, `idle_session_timeout`, a network failure) and grant the lock to
+//!   someone else *before* the holder's next health check notices. The lost signal fires within
+//!   the validity window at worst (at once when the connection visibly ends), but a holder that
+//!   writes in between is only stopped by a **fencing token checked by the resource**.
+//! - Advisory locks are only advisory: code that doesn't ask for the lock is not stopped.
+//! - Connection poolers in *transaction* mode (pgbouncer `pool_mode = transaction`) hand each
+//!   transaction to any server session: session locks are meaningless through them. Connect
+//!   the backend directly (or through session-mode pooling), or use the transaction mode,
+//!   [`PostgresBackend::lock_xact`], which takes `pg_advisory_xact_lock` inside your own
+//!   transaction (released at its commit or rollback) with a fencing token from the same
+//!   transaction.
+//! - A network partition that hides a dead server leaves the lock held *on the server* until
+//!   the server notices the dead client (its own keepalives); the holder is told it lost the
+//!   lease when the health check times out.
+//! - No TLS in this build: `sslmode=require|verify-ca|verify-full` are refused (see
+//!   [`PostgresConfig`]).
+//!
+//! # Key mapping
+//!
+//! Every key maps to one `bigint` advisory-lock key:
+//!
+//! - A key of the form `advisory:<n>`, `<n>` a canonical decimal `i64` (no `+`, no leading
+//!   zeros, no `-0`), is the number `n` itself; the prefix is not applied. [`numeric_key`]
+//!   builds such keys.
+//! - Any other key `k` maps to [`advisory_key`]`(prefix + k)`, which is exactly what sqlx's
+//!   `PgAdvisoryLock::new(prefix + k)` uses: HKDF-SHA256 (RFC 5869) without salt, input key
+//!   material the UTF-8 bytes of the name, info `SQLx (Rust) Postgres advisory lock`, 8 bytes
+//!   of output read as a little-endian `i64`. A sqlx application locking the same name
+//!   excludes a leasehold application and vice versa. The prefix is empty unless configured.
+//!
+//! [`PostgresBackend::lock_id`] gives the number for a key. `pg_locks` shows it as
+//! `locktype = 'advisory'`, `classid` = the high 32 bits, `objid` = the low 32 bits,
+//! `objsubid = 1` (see [`pg_locks_ids`]).
+//!
+//! ## Taking the same lock from psql
+//!
+//! With the number (e.g. from [`advisory_key`]): `SELECT pg_advisory_lock(-5560419505042474287);`
+//! … `SELECT pg_advisory_unlock(-5560419505042474287);`. Or compute it in SQL from the name
+//! (PostgreSQL 11 or later, no extension needed; HMAC-SHA256 written out with `sha256`):
+//!
+//! ```sql
+//! CREATE FUNCTION leasehold_key(name text) RETURNS bigint LANGUAGE sql IMMUTABLE STRICT AS $$
+//!   WITH prk AS (   -- HKDF-Extract: HMAC-SHA256 keyed with 32 zero bytes
+//!     SELECT sha256(decode(repeat('5c', 64), 'hex')
+//!                   || sha256(decode(repeat('36', 64), 'hex') || convert_to(name, 'UTF8'))) AS k
+//!   ), pads AS (    -- PRK padded to the 64-byte block, XORed with ipad / opad
+//!     SELECT decode(string_agg(lpad(to_hex(get_byte(k || decode(repeat('00', 32), 'hex'), i) # 54), 2, '0'), '' ORDER BY i), 'hex') AS ipad,
+//!            decode(string_agg(lpad(to_hex(get_byte(k || decode(repeat('00', 32), 'hex'), i) # 92), 2, '0'), '' ORDER BY i), 'hex') AS opad
+//!     FROM prk, generate_series(0, 63) AS i
+//!   ), okm AS (     -- HKDF-Expand, first block: HMAC-SHA256(PRK, info || 0x01)
+//!     SELECT sha256(opad || sha256(ipad || convert_to('SQLx (Rust) Postgres advisory lock', 'UTF8')
+//!                                  || '\x01'::bytea)) AS t
+//!     FROM pads
+//!   )               -- first 8 bytes, little-endian, as a signed bigint
+//!   SELECT ('x' || string_agg(encode(substring(t FROM i + 1 FOR 1), 'hex'), '' ORDER BY i DESC))::bit(64)::bigint
+//!   FROM okm, generate_series(0, 7) AS i
+//! $$;
+//!
+//! SELECT pg_advisory_lock(leasehold_key('billing/export'));   -- prefix included, if any
+//! ```
+//!
+//! ([`KEY_SQL`] holds the body of that function, parameterised as `$1`.)
+//!
+//! # Cancellation and drop
+//!
+//! - **A dropped `try_acquire`** (or the first, non-blocking step of `acquire`): the statement
+//!   may already be on its way. The backend queues `pg_advisory_unlock` behind it on the same
+//!   connection (statements on one connection run in order) in a background task, then returns
+//!   the session to the idle pool. With no runtime left, the session is closed instead, which
+//!   ends its locks.
+//! - **A dropped waiting `acquire`**: a cancel request (`pg_cancel_backend` over the protocol,
+//!   tokio-postgres' `CancelToken`) is sent for the blocked `pg_advisory_lock`, and the session
+//!   is closed, so the cancel can never hit a later statement and a grant that won the race
+//!   dies with the session. Even without a runtime (no cancel sent), the server stops waiting
+//!   at the `lock_timeout` (the remaining budget) and then finds the connection gone.
+//! - **Release on drop is not immediate**: dropping a [`Lease`](leasehold_core::Lease) spawns
+//!   its release (see core); until it runs, the lock stays held. Dropping the release future
+//!   mid-statement closes the session, which ends the lock.
+//! - The health check of a lease stops when the lease is released, dropped or lost.
+
+mod backend;
+mod config;
+mod gate;
+mod key;
+mod session;
+mod xact;
+
+pub use backend::PostgresBackend;
+pub use config::{
+    DEFAULT_FENCE_SCHEMA, DEFAULT_FENCE_SEQUENCE, DEFAULT_HEALTH_INTERVAL, DEFAULT_HEALTH_TIMEOUT,
+    DEFAULT_MAX_IDLE_SESSIONS, PostgresConfig, SCHEMES,
+};
+pub use key::{NUMERIC_KEY_PREFIX, advisory_key, numeric_key, pg_locks_ids};
+
+use leasehold_core::Error;
+
+/// The backend's name in errors and leases.
+pub(crate) const NAME: &str = "postgres";
+
+/// A query computing [`advisory_key`]`($1)` on the server (PostgreSQL 11+, no extension):
+/// the body of the `leasehold_key` function shown in the crate documentation.
+pub const KEY_SQL: &str = "WITH prk AS ( \
+     SELECT sha256(decode(repeat('5c', 64), 'hex') \
+            || sha256(decode(repeat('36', 64), 'hex') || convert_to($1, 'UTF8'))) AS k \
+   ), pads AS ( \
+     SELECT decode(string_agg(lpad(to_hex(get_byte(k || decode(repeat('00', 32), 'hex'), i) # 54), 2, '0'), '' ORDER BY i), 'hex') AS ipad, \
+            decode(string_agg(lpad(to_hex(get_byte(k || decode(repeat('00', 32), 'hex'), i) # 92), 2, '0'), '' ORDER BY i), 'hex') AS opad \
+     FROM prk, generate_series(0, 63) AS i \
+   ), okm AS ( \
+     SELECT sha256(opad || sha256(ipad || convert_to('SQLx (Rust) Postgres advisory lock', 'UTF8') \
+                                  || '\\x01'::bytea)) AS t \
+     FROM pads \
+   ) \
+   SELECT ('x' || string_agg(encode(substring(t FROM i + 1 FOR 1), 'hex'), '' ORDER BY i DESC))::bit(64)::bigint \
+   FROM okm, generate_series(0, 7) AS i";
+
+/// Connects a [`PostgresBackend`] from a `postgres://` / `postgresql://` URL or a libpq
+/// key=value string (see [`PostgresConfig`]), opening one session to check it: the
+/// registry-style constructor the facade calls for [`SCHEMES`].
+pub async fn connect(url: &str) -> Result<PostgresBackend, Error> {
+    PostgresBackend::connect(PostgresConfig::from_url(url)?).await
+}

@@ -1,0 +1,290 @@
+//! Sessions: one PostgreSQL connection each, owned by the backend, never shared while a lock
+//! is held.
+
+use std::sync::Arc;
+
+use leasehold_core::{Error, ErrorKind};
+use tokio::sync::{OnceCell, watch};
+use tokio_postgres::error::SqlState;
+use tokio_postgres::{CancelToken, Client, NoTls, Statement};
+
+use crate::NAME;
+
+/// The prepared statements every session carries.
+#[derive(Debug)]
+struct Statements {
+    /// `SELECT CASE WHEN pg_try_advisory_lock($1) THEN nextval('<seq>') END`
+    try_lock: Statement,
+    /// `SELECT pg_advisory_unlock($1)`
+    unlock: Statement,
+    /// `SELECT nextval('<seq>')`
+    nextval: Statement,
+    /// `SELECT 1`
+    ping: Statement,
+}
+
+/// One connection. Dropping it closes the connection, which ends the server session and with
+/// it every advisory lock the session holds.
+#[derive(Debug)]
+pub(crate) struct Session {
+    client: Arc<Client>,
+    stmts: Arc<Statements>,
+    closed: watch::Receiver<bool>,
+    /// Whether it was just opened (not taken from the idle pool).
+    pub(crate) fresh: bool,
+}
+
+/// A handle for running health checks without owning the session.
+#[derive(Debug, Clone)]
+pub(crate) struct Probe {
+    client: Arc<Client>,
+    stmts: Arc<Statements>,
+}
+
+impl Probe {
+    pub(crate) async fn ping(&self) -> Result<(), tokio_postgres::Error> {
+        self.client.query_one(&self.stmts.ping, &[]).await.map(drop)
+    }
+
+    pub(crate) fn is_closed(&self) -> bool {
+        self.client.is_closed()
+    }
+}
+
+impl Session {
+    /// Opens a session and prepares its statements (one pipelined round trip after login).
+    /// The first session of a backend creates the fencing sequence if it is missing.
+    pub(crate) async fn open(
+        pg: &tokio_postgres::Config,
+        seq_sql: &str,
+        sequence_ready: &OnceCell<()>,
+    ) -> Result<Self, Error> {
+        let (client, connection) = pg
+            .connect(NoTls)
+            .await
+            .map_err(|e| pg_error("connect", e))?;
+        let (tx, closed) = watch::channel(false);
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, "leasehold-postgres: session ended with an error");
+            }
+            tx.send_replace(true);
+        });
+        sequence_ready
+            .get_or_try_init(|| create_sequence(&client, seq_sql))
+            .await?;
+        let try_sql = format!(
+            "SELECT CASE WHEN pg_try_advisory_lock($1::bigint) THEN nextval('{}') END",
+            seq_sql.replace('\'', "''")
+        );
+        let nextval_sql = format!("SELECT nextval('{}')", seq_sql.replace('\'', "''"));
+        let (try_lock, unlock, nextval, ping) = tokio::try_join!(
+            client.prepare(&try_sql),
+            client.prepare("SELECT pg_advisory_unlock($1::bigint)"),
+            client.prepare(&nextval_sql),
+            client.prepare("SELECT 1"),
+        )
+        .map_err(|e| pg_error("prepare", e))?;
+        Ok(Self {
+            client: Arc::new(client),
+            stmts: Arc::new(Statements {
+                try_lock,
+                unlock,
+                nextval,
+                ping,
+            }),
+            closed,
+            fresh: true,
+        })
+    }
+
+    pub(crate) fn is_closed(&self) -> bool {
+        self.client.is_closed() || *self.closed.borrow()
+    }
+
+    /// Completes when the connection has ended.
+    pub(crate) fn closed(&self) -> watch::Receiver<bool> {
+        self.closed.clone()
+    }
+
+    pub(crate) fn probe(&self) -> Probe {
+        Probe {
+            client: Arc::clone(&self.client),
+            stmts: Arc::clone(&self.stmts),
+        }
+    }
+
+    pub(crate) fn cancel_token(&self) -> CancelToken {
+        self.client.cancel_token()
+    }
+
+    /// One round trip: the lock if free, with its fencing token; `None` if held elsewhere.
+    pub(crate) async fn try_lock(&self, id: i64) -> Result<Option<i64>, tokio_postgres::Error> {
+        let row = self.client.query_one(&self.stmts.try_lock, &[&id]).await?;
+        row.try_get::<_, Option<i64>>(0)
+    }
+
+    /// Waits in `pg_advisory_lock` for at most `timeout_ms` (≥ 1) milliseconds.
+    ///
+    /// The three statements go in one simple-protocol message, which PostgreSQL runs as one
+    /// implicit transaction: if the lock times out (or is cancelled) the transaction aborts
+    /// and the `SET` is rolled back with it; if it is granted, `RESET` restores the session's
+    /// default. Either way `lock_timeout` is not left on the session, and the session-level
+    /// lock, once granted, outlives the implicit transaction.
+    pub(crate) async fn wait_lock(
+        &self,
+        id: i64,
+        timeout_ms: u64,
+    ) -> Result<(), tokio_postgres::Error> {
+        // lock_timeout = 0 would mean "no timeout": never send it.
+        let ms = timeout_ms.clamp(1, i32::MAX as u64);
+        let sql =
+            format!("SET lock_timeout = {ms}; SELECT pg_advisory_lock({id}); RESET lock_timeout");
+        self.client.simple_query(&sql).await.map(drop)
+    }
+
+    /// A fencing token minted after the grant; its round trip also proves the session alive.
+    pub(crate) async fn nextval(&self) -> Result<i64, tokio_postgres::Error> {
+        let row = self.client.query_one(&self.stmts.nextval, &[]).await?;
+        row.try_get::<_, i64>(0)
+    }
+
+    /// `pg_advisory_unlock`: `true` if this session held the lock.
+    pub(crate) async fn unlock(&self, id: i64) -> Result<bool, tokio_postgres::Error> {
+        let row = self.client.query_one(&self.stmts.unlock, &[&id]).await?;
+        row.try_get::<_, bool>(0)
+    }
+
+    /// Runs `SELECT pid FROM pg_locks …` for the holder of `id` (any session).
+    pub(crate) async fn holder_pid(&self, id: i64) -> Result<Option<i32>, tokio_postgres::Error> {
+        let (classid, objid) = crate::key::pg_locks_ids(id);
+        let row = self
+            .client
+            .query_opt(
+                "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted \
+                 AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+                 AND classid = $1 AND objid = $2 AND objsubid = 1 AND mode = 'ExclusiveLock' \
+                 LIMIT 1",
+                &[&classid, &objid],
+            )
+            .await?;
+        row.map(|r| r.try_get::<_, Option<i32>>(0))
+            .transpose()
+            .map(Option::flatten)
+    }
+}
+
+/// `CREATE SEQUENCE IF NOT EXISTS`, tolerating a concurrent creator (which makes PostgreSQL
+/// report a duplicate even with `IF NOT EXISTS`).
+async fn create_sequence(client: &Client, seq_sql: &str) -> Result<(), Error> {
+    match client
+        .batch_execute(&format!("CREATE SEQUENCE IF NOT EXISTS {seq_sql}"))
+        .await
+    {
+        Ok(()) => Ok(()),
+        Err(e)
+            if e.code() == Some(&SqlState::UNIQUE_VIOLATION)
+                || e.code() == Some(&SqlState::DUPLICATE_TABLE) =>
+        {
+            Ok(())
+        }
+        Err(e) => Err(pg_error("creating the fencing sequence", e)),
+    }
+}
+
+/// Whether the error is PostgreSQL's "lock timeout" (SQLSTATE 55P03, lock_not_available).
+pub(crate) fn is_lock_timeout(e: &tokio_postgres::Error) -> bool {
+    e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE)
+}
+
+/// Converts a driver error into the public error, classifying it; never includes a password
+/// (tokio-postgres' messages carry none).
+pub(crate) fn pg_error(what: &str, e: tokio_postgres::Error) -> Error {
+    let kind = classify(&e);
+    Error::new(kind, NAME, format!("{what}: {e}")).with_source(e)
+}
+
+fn classify(e: &tokio_postgres::Error) -> ErrorKind {
+    if e.is_closed() {
+        return ErrorKind::Unavailable;
+    }
+    let Some(code) = e.code() else {
+        // I/O, connect, timeouts, protocol: the server is unreachable or went away.
+        return ErrorKind::Unavailable;
+    };
+    let code = code.code();
+    match code {
+        // Connection exceptions, insufficient resources (too many connections), operator
+        // intervention (shutdown, starting up), system errors.
+        _ if code.starts_with("08")
+            || code.starts_with("53")
+            || code.starts_with("57P")
+            || code.starts_with("58") =>
+        {
+            ErrorKind::Unavailable
+        }
+        // Authentication, unknown database, missing privilege.
+        _ if code.starts_with("28") || code == "3D000" || code == "42501" => {
+            ErrorKind::InvalidConfig
+        }
+        _ => ErrorKind::Backend,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::PostgresConfig;
+    use leasehold_test_support::require_service;
+    use leasehold_test_support::services::Service;
+    use std::time::Duration;
+
+    impl Session {
+        async fn show(&self, name: &str) -> Result<String, tokio_postgres::Error> {
+            let row = self
+                .client
+                .query_one("SELECT current_setting($1)", &[&name])
+                .await?;
+            row.try_get(0)
+        }
+    }
+
+    #[tokio::test]
+    async fn lock_timeout_never_stays_on_the_session() {
+        let pg = require_service!(Service::Postgres);
+        let cfg = PostgresConfig::from_url(pg.url()).unwrap();
+        let (ready, seq) = (OnceCell::new(), cfg.fence_sequence_sql());
+        let a = Session::open(&cfg.pg, &seq, &ready).await.unwrap();
+        let b = Session::open(&cfg.pg, &seq, &ready).await.unwrap();
+        let id: i64 = rand::random();
+        assert!(b.try_lock(id).await.unwrap().is_some());
+        assert_eq!(a.show("lock_timeout").await.unwrap(), "0");
+
+        // Timed out: not granted, and the SET was rolled back with the implicit transaction.
+        let e = a.wait_lock(id, 100).await.unwrap_err();
+        assert!(is_lock_timeout(&e), "{e}");
+        assert_eq!(a.show("lock_timeout").await.unwrap(), "0");
+        assert!(!a.unlock(id).await.unwrap(), "a timed-out wait left a lock");
+
+        // A budget of 0 ms waits 1 ms: it must not mean "lock_timeout = 0 = forever".
+        let r = tokio::time::timeout(Duration::from_secs(5), a.wait_lock(id, 0)).await;
+        assert!(matches!(&r, Ok(Err(e)) if is_lock_timeout(e)), "{r:?}");
+
+        // Granted while waiting: RESET ran, the session lock outlives the implicit transaction.
+        let waiting = a.wait_lock(id, 5_000);
+        let release = async {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            b.unlock(id).await
+        };
+        let (w, r) = tokio::join!(waiting, release);
+        w.unwrap();
+        assert!(r.unwrap());
+        assert_eq!(a.show("lock_timeout").await.unwrap(), "0");
+        assert!(
+            b.try_lock(id).await.unwrap().is_none(),
+            "the granted lock is not held"
+        );
+        assert!(a.unlock(id).await.unwrap());
+        assert!(!a.unlock(id).await.unwrap(), "held twice");
+    }
+}

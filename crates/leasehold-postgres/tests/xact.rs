@@ -1,0 +1,84 @@
+//! Transaction mode: `pg_advisory_xact_lock` inside the caller's transaction.
+
+mod common;
+
+use std::time::Duration;
+
+use leasehold_core::{LockKey, Locker};
+use leasehold_postgres::PostgresBackend;
+use leasehold_test_support::require_service;
+use leasehold_test_support::services::{Service, unique_prefix};
+use tokio_postgres::NoTls;
+
+async fn raw(url: &str) -> Result<tokio_postgres::Client, common::BoxError> {
+    let (client, conn) = tokio_postgres::connect(url, NoTls).await?;
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    Ok(client)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn xact_lock_lives_and_dies_with_the_transaction() -> Result<(), common::BoxError> {
+    let pg = require_service!(Service::Postgres, Ok(()));
+    let app = unique_prefix("pg-xact");
+    let backend = PostgresBackend::new(common::config(pg.url(), &app)?);
+    let key = LockKey::new(format!("{app}/k"))?;
+    let (mut c1, mut c2) = (raw(pg.url()).await?, raw(pg.url()).await?);
+
+    let tx1 = c1.transaction().await?;
+    let t1 = backend
+        .lock_xact(&tx1, &key, Duration::ZERO)
+        .await?
+        .ok_or("free key not granted")?;
+    // Same key space as session-mode leases.
+    assert!(
+        Locker::new(backend.clone())
+            .try_acquire(&key)
+            .await?
+            .is_none()
+    );
+
+    // A timed-out wait leaves the other transaction usable, with its own lock_timeout.
+    let tx2 = c2.transaction().await?;
+    tx2.batch_execute("SET LOCAL lock_timeout = '7s'").await?;
+    let none = backend
+        .lock_xact(&tx2, &key, Duration::from_millis(200))
+        .await?;
+    assert!(none.is_none());
+    let row = tx2
+        .query_one("SELECT current_setting('lock_timeout')", &[])
+        .await?;
+    assert_eq!(row.get::<_, String>(0), "7s");
+
+    // A waiter is granted when the holder's transaction ends, and restores lock_timeout.
+    let commit_later = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        tx1.commit().await
+    };
+    let (got, committed) = tokio::join!(
+        backend.lock_xact(&tx2, &key, Duration::from_secs(10)),
+        commit_later
+    );
+    committed?;
+    let t2 = got?.ok_or("waiter not granted after commit")?;
+    assert!(t2 > t1, "token {t2} not above {t1}");
+    let row = tx2
+        .query_one("SELECT current_setting('lock_timeout')", &[])
+        .await?;
+    assert_eq!(row.get::<_, String>(0), "7s");
+    assert!(
+        Locker::new(backend.clone())
+            .try_acquire(&key)
+            .await?
+            .is_none()
+    );
+    tx2.rollback().await?;
+    let lease = Locker::new(backend.clone())
+        .try_acquire(&key)
+        .await?
+        .ok_or("the xact lock outlived its transaction")?;
+    assert!(lease.fencing_token().map(|t| t.get()) > Some(t2.get()));
+    assert!(lease.release().await?);
+    Ok(())
+}
