@@ -1,0 +1,383 @@
+//! The backend's configuration and its URL form.
+
+use std::fmt;
+use std::time::Duration;
+
+use leasehold_core::{Error, ErrorKind};
+
+use crate::NAME;
+
+/// URL schemes this driver accepts: `etcd://` (plain gRPC) and `etcds://` (TLS through rustls;
+/// needs the crate feature `tls`).
+pub const SCHEMES: &[&str] = &["etcd", "etcds"];
+
+/// The key prefix used unless configured otherwise.
+pub const DEFAULT_PREFIX: &str = "leasehold/";
+
+/// How acquisitions are tied to etcd leases.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum LeaseMode {
+    /// One session lease per backend instance, granted at connect (and again after it is lost),
+    /// kept alive over one keep-alive stream and shared by every acquisition of the instance.
+    /// One lock costs one write (plus one to release). The default.
+    #[default]
+    Session,
+    /// A lease granted for each acquisition (TTL = the request's TTL rounded up to whole
+    /// seconds, at least the server's minimum), kept alive on its own stream and revoked on
+    /// release: independent expiry, at the price of two more writes per lock.
+    PerLock,
+}
+
+/// TLS settings (crate feature `tls`): server verification against a CA, and an optional
+/// client certificate.
+#[cfg(feature = "tls")]
+#[derive(Clone, Default)]
+#[non_exhaustive]
+pub struct TlsConfig {
+    /// PEM of the CA that signed the servers' certificates; `None` trusts nothing, so set it.
+    pub ca_pem: Option<Vec<u8>>,
+    /// The server name to verify, when it differs from the endpoint's host.
+    pub domain: Option<String>,
+    /// Client certificate and key (PEM), for servers that require client authentication.
+    pub identity: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+#[cfg(feature = "tls")]
+impl fmt::Debug for TlsConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TlsConfig")
+            .field("ca_pem", &self.ca_pem.as_ref().map(|c| c.len()))
+            .field("domain", &self.domain)
+            .field("identity", &self.identity.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
+}
+
+/// Where and how to reach etcd.
+///
+/// Build it with [`EtcdConfig::new`] and the `with_*` methods, or parse a URL with
+/// [`EtcdConfig::from_url`]. Its `Debug` output never shows the password.
+#[derive(Clone)]
+#[non_exhaustive]
+pub struct EtcdConfig {
+    /// Client endpoints, `host:port` (or `http://host:port`).
+    pub endpoints: Vec<String>,
+    /// User name, for etcd's authentication.
+    pub user: Option<String>,
+    /// Password of `user`. Never printed.
+    pub password: Option<String>,
+    /// Prefix of every lock name (default [`DEFAULT_PREFIX`], `"leasehold/"`): lock `K` lives
+    /// under `<prefix>K/`. May be empty.
+    pub prefix: String,
+    /// How acquisitions are tied to leases (default [`LeaseMode::Session`]).
+    pub lease_mode: LeaseMode,
+    /// TTL of the session lease (default 10 s; etcd rounds up to whole seconds and to its own
+    /// minimum). It bounds how long a lock outlives a crashed process.
+    pub session_ttl: Duration,
+    /// Time limit of each request to etcd (default 5 s).
+    pub request_timeout: Duration,
+    /// Time limit of connecting to an endpoint (default 3 s).
+    pub connect_timeout: Duration,
+    /// TLS settings; `None` for plain gRPC.
+    #[cfg(feature = "tls")]
+    pub tls: Option<TlsConfig>,
+}
+
+impl fmt::Debug for EtcdConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut d = f.debug_struct("EtcdConfig");
+        d.field("endpoints", &self.endpoints)
+            .field("user", &self.user)
+            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .field("prefix", &self.prefix)
+            .field("lease_mode", &self.lease_mode)
+            .field("session_ttl", &self.session_ttl)
+            .field("request_timeout", &self.request_timeout)
+            .field("connect_timeout", &self.connect_timeout);
+        #[cfg(feature = "tls")]
+        d.field("tls", &self.tls);
+        d.finish()
+    }
+}
+
+impl EtcdConfig {
+    /// A configuration for these endpoints (`host:port`), with every default.
+    pub fn new<I, S>(endpoints: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Self {
+            endpoints: endpoints.into_iter().map(Into::into).collect(),
+            user: None,
+            password: None,
+            prefix: DEFAULT_PREFIX.to_owned(),
+            lease_mode: LeaseMode::Session,
+            session_ttl: Duration::from_secs(10),
+            request_timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(3),
+            #[cfg(feature = "tls")]
+            tls: None,
+        }
+    }
+
+    /// Parses `etcd://[user[:password]@]host:port[,host:port…][/][?option=value&…]`.
+    ///
+    /// Options: `prefix` (the key prefix, may be empty), `lease` (`session` or `per-lock`),
+    /// `session_ttl` (seconds), `timeout_ms` (request timeout), `connect_timeout_ms`. With the
+    /// `tls` feature, `etcds://` turns TLS on and takes `ca` (path of a PEM CA file) and
+    /// `domain`. User and password may be percent-encoded. Errors never repeat the password.
+    pub fn from_url(url: &str) -> Result<Self, Error> {
+        let (scheme, rest) = url
+            .split_once("://")
+            .ok_or_else(|| invalid("an etcd URL starts with etcd:// or etcds://"))?;
+        let tls = match scheme {
+            "etcd" => false,
+            "etcds" => true,
+            other => {
+                return Err(invalid(format!(
+                    "unknown scheme {other:?}; expected one of {SCHEMES:?}"
+                )));
+            }
+        };
+        let (before_query, query) = rest.split_once('?').unwrap_or((rest, ""));
+        let authority_and_path = before_query;
+        let (authority, path) = authority_and_path
+            .split_once('/')
+            .unwrap_or((authority_and_path, ""));
+        if !path.is_empty() {
+            return Err(invalid(
+                "an etcd URL takes no path; set the key prefix with ?prefix=…",
+            ));
+        }
+        let (userinfo, hosts) = match authority.rsplit_once('@') {
+            Some((u, h)) => (Some(u), h),
+            None => (None, authority),
+        };
+        let endpoints: Vec<String> = hosts
+            .split(',')
+            .map(str::trim)
+            .filter(|h| !h.is_empty())
+            .map(str::to_owned)
+            .collect();
+        if endpoints.is_empty() {
+            return Err(invalid("an etcd URL needs at least one host:port"));
+        }
+        for e in &endpoints {
+            if !e.contains(':') {
+                return Err(invalid(format!(
+                    "endpoint {e:?} has no port (etcd listens on 2379 by default)"
+                )));
+            }
+        }
+        let mut cfg = Self::new(endpoints);
+        if let Some(userinfo) = userinfo {
+            let (user, password) = match userinfo.split_once(':') {
+                Some((u, p)) => (u, Some(p)),
+                None => (userinfo, None),
+            };
+            let user = percent_decode(user).ok_or_else(|| invalid("bad %-escape in the user"))?;
+            if user.is_empty() {
+                return Err(invalid("empty user name in the etcd URL"));
+            }
+            cfg.user = Some(user);
+            cfg.password = match password {
+                Some(p) => {
+                    Some(percent_decode(p).ok_or_else(|| invalid("bad %-escape in the password"))?)
+                }
+                None => Some(String::new()),
+            };
+        }
+        #[cfg(feature = "tls")]
+        let mut tls_cfg = TlsConfig::default();
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            let v = percent_decode(v).ok_or_else(|| invalid(format!("bad %-escape in {k}")))?;
+            match k {
+                "prefix" => cfg.prefix = v,
+                "lease" => {
+                    cfg.lease_mode = match v.as_str() {
+                        "session" => LeaseMode::Session,
+                        "per-lock" | "per_lock" => LeaseMode::PerLock,
+                        other => {
+                            return Err(invalid(format!(
+                                "lease={other:?}: expected session or per-lock"
+                            )));
+                        }
+                    }
+                }
+                "session_ttl" => cfg.session_ttl = Duration::from_secs(number(k, &v)?),
+                "timeout_ms" => cfg.request_timeout = Duration::from_millis(number(k, &v)?),
+                "connect_timeout_ms" => cfg.connect_timeout = Duration::from_millis(number(k, &v)?),
+                #[cfg(feature = "tls")]
+                "ca" if tls => {
+                    let pem = std::fs::read(&v)
+                        .map_err(|e| invalid(format!("cannot read the CA file {v:?}: {e}")))?;
+                    tls_cfg.ca_pem = Some(pem);
+                }
+                #[cfg(feature = "tls")]
+                "domain" if tls => tls_cfg.domain = Some(v),
+                other => return Err(invalid(format!("unknown option {other:?} in the etcd URL"))),
+            }
+        }
+        if tls {
+            #[cfg(feature = "tls")]
+            {
+                cfg.tls = Some(tls_cfg);
+            }
+            #[cfg(not(feature = "tls"))]
+            return Err(invalid(
+                "etcds:// needs leasehold-etcd's `tls` feature (rustls)",
+            ));
+        }
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Sets user and password for etcd's authentication.
+    pub fn with_user(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
+        self.user = Some(user.into());
+        self.password = Some(password.into());
+        self
+    }
+
+    /// Sets the key prefix.
+    pub fn with_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// Sets the lease mode.
+    pub fn with_lease_mode(mut self, mode: LeaseMode) -> Self {
+        self.lease_mode = mode;
+        self
+    }
+
+    /// Sets the session lease's TTL.
+    pub fn with_session_ttl(mut self, ttl: Duration) -> Self {
+        self.session_ttl = ttl;
+        self
+    }
+
+    /// Sets the time limit of each request.
+    pub fn with_request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = timeout;
+        self
+    }
+
+    /// Turns TLS on.
+    #[cfg(feature = "tls")]
+    pub fn with_tls(mut self, tls: TlsConfig) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+
+    /// Checks the values.
+    pub fn validate(&self) -> Result<(), Error> {
+        if self.endpoints.is_empty() {
+            return Err(invalid("no etcd endpoint"));
+        }
+        if self.session_ttl < Duration::from_secs(1) {
+            return Err(invalid(format!(
+                "session_ttl {:?} is below etcd's granularity of one second",
+                self.session_ttl
+            )));
+        }
+        if self.session_ttl > Duration::from_secs(i64::MAX as u64 / 2) {
+            return Err(invalid("session_ttl is absurdly long"));
+        }
+        if self.request_timeout.is_zero() || self.connect_timeout.is_zero() {
+            return Err(invalid("timeouts must be positive"));
+        }
+        if self.prefix.contains('\0') {
+            return Err(invalid("the key prefix contains a NUL byte"));
+        }
+        Ok(())
+    }
+}
+
+fn invalid(msg: impl Into<String>) -> Error {
+    Error::new(ErrorKind::InvalidConfig, NAME, msg)
+}
+
+fn number(key: &str, v: &str) -> Result<u64, Error> {
+    v.parse()
+        .map_err(|_| invalid(format!("{key}={v:?} is not a whole number")))
+}
+
+/// Decodes `%XX` escapes; `None` on a malformed escape or invalid UTF-8.
+fn percent_decode(s: &str) -> Option<String> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = s.get(i + 1..i + 3)?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_a_full_url() {
+        let cfg = EtcdConfig::from_url(
+            "etcd://root:s%40cret@127.0.0.1:2379,127.0.0.1:22379?prefix=app/&lease=per-lock&session_ttl=7&timeout_ms=900",
+        )
+        .unwrap();
+        assert_eq!(cfg.endpoints, vec!["127.0.0.1:2379", "127.0.0.1:22379"]);
+        assert_eq!(cfg.user.as_deref(), Some("root"));
+        assert_eq!(cfg.password.as_deref(), Some("s@cret"));
+        assert_eq!(cfg.prefix, "app/");
+        assert_eq!(cfg.lease_mode, LeaseMode::PerLock);
+        assert_eq!(cfg.session_ttl, Duration::from_secs(7));
+        assert_eq!(cfg.request_timeout, Duration::from_millis(900));
+        let dbg = format!("{cfg:?}");
+        assert!(
+            !dbg.contains("s@cret") && !dbg.contains("s%40cret"),
+            "{dbg}"
+        );
+        assert!(dbg.contains("<redacted>"), "{dbg}");
+    }
+
+    #[test]
+    fn defaults_and_errors() {
+        let cfg = EtcdConfig::from_url("etcd://h:1").unwrap();
+        assert_eq!(cfg.prefix, DEFAULT_PREFIX);
+        assert_eq!(cfg.lease_mode, LeaseMode::Session);
+        assert!(cfg.password.is_none());
+        for bad in [
+            "redis://h:1",
+            "etcd://",
+            "etcd://h",
+            "etcd://h:1/path",
+            "etcd://h:1?lease=forever",
+            "etcd://h:1?session_ttl=0",
+            "etcd://h:1?nope=1",
+            "h:1",
+        ] {
+            let e = EtcdConfig::from_url(bad).err();
+            assert_eq!(
+                e.as_ref().map(Error::kind),
+                Some(ErrorKind::InvalidConfig),
+                "{bad}"
+            );
+        }
+        let e = EtcdConfig::from_url("etcd://u:hunter2@h:1?lease=x").unwrap_err();
+        assert!(!e.to_string().contains("hunter2"), "{e}");
+        #[cfg(not(feature = "tls"))]
+        assert_eq!(
+            EtcdConfig::from_url("etcds://h:1").err().map(|e| e.kind()),
+            Some(ErrorKind::InvalidConfig)
+        );
+    }
+}

@@ -1,0 +1,138 @@
+//! The etcd backend of **leasehold**: consensus-backed locks on etcd v3 leases, with the lock
+//! key's create revision as fencing token.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), leasehold_core::Error> {
+//! use std::time::Duration;
+//! use leasehold_core::Locker;
+//!
+//! let backend = leasehold_etcd::connect("etcd://127.0.0.1:2379").await?;
+//! let locker = Locker::new(backend);
+//! let lease = locker.acquire("billing/export", Duration::from_secs(5)).await?;
+//! let token = lease.fencing_token(); // the key's create revision: send it with every write
+//! lease.release().await?;
+//! # let _ = token; Ok(()) }
+//! ```
+//!
+//! Building needs `protoc` and the protobuf well-known types (Debian: `protobuf-compiler` and
+//! `libprotobuf-dev`), for the gRPC code of `etcd-client`.
+//!
+//! # Guarantees
+//!
+//! - **Mutual exclusion by consensus.** A lock is an etcd key attached to a lease; creating it,
+//!   queueing for it and deleting it are Raft-replicated transactions. Two clients never both
+//!   hold a lock while etcd keeps quorum ([`SafetyClass::Correctness`]).
+//! - **Fencing tokens.** A grant's token is its key's *create revision*: etcd's cluster-wide
+//!   revision counter at the moment the key was created, which strictly increases across every
+//!   grant of every key ([`FencingKind::Monotonic`]). Queued waiters are granted in create
+//!   revision order, so tokens also increase in grant order.
+//! - **Never without a lease.** Every key is written with a lease: a lock can't outlive its
+//!   process by more than the lease's TTL. (A key written without one lives forever, and one
+//!   on etcd's default lease disappears after 60 s: both are bugs we don't have.)
+//! - **Told when lost.** Leases are kept alive in the background (a third of the shortest
+//!   validity promised, over one keep-alive stream per lease, reopened on another member if it
+//!   fails). Each acknowledgement renews the validity of every grant on the lease, counted from
+//!   the instant *before* the keep-alive was sent, capped at the request's TTL (the `Locker`
+//!   then subtracts the drift margin). A keep-alive answered with TTL 0 (the lease was revoked
+//!   or expired), "lease not found", or keep-alives failing until the TTL since the last
+//!   acknowledgement has run out fire the lost signal of **every** grant on that lease
+//!   ([`RenewalKind::Session`]). The backend then grants a fresh session lease for new
+//!   acquisitions.
+//! - **Native, fair waiting.** Waiting uses etcd's queued-lock recipe: our key joins the queue
+//!   and we watch for the deletion of the key just before ours, so waiters are served in the
+//!   order they queued, without polling ([`WaitKind::Native`]).
+//!
+//! # What it does not guarantee
+//!
+//! - A lease can be lost while its holder is paused (GC, SIGSTOP) or partitioned; the lost
+//!   signal tells it as soon as the process runs again, but only the fencing check at the
+//!   resource makes a late write harmless.
+//! - Without quorum nobody can acquire, renew or release; leases then run out on the
+//!   survivors' clocks and holders are told they lost them. Locks come back with quorum.
+//! - In [`LeaseMode::Session`] (the default) a crashed process's locks last until its session
+//!   lease expires (`session_ttl`, 10 s by default), whatever TTL the request asked for; the
+//!   validity we *report* is never longer than the request's TTL.
+//! - In-process waiters on a lock held by a task of the same backend queue locally (FIFO) and
+//!   join etcd's queue only when the local holder is done, so a remote client that queues in
+//!   the meantime goes first.
+//!
+//! # Key mapping
+//!
+//! Lock `K` with prefix `P` (default `"leasehold/"`, see [`EtcdConfig::prefix`]) is the etcd key
+//! range `P K /` — every key starting with `"{P}{K}/"`. Each contender puts one key
+//! `"{P}{K}/{lease}"`, where `{lease}` is its etcd lease id in lower-case hex without padding,
+//! attached to that lease; the key with the **lowest create revision** under the range holds
+//! the lock and the others wait for their predecessor's deletion. This is exactly the layout
+//! of etcd's v3 concurrency recipe, which `etcdctl lock` and etcd's Lock RPC use, so they
+//! exclude each other with this backend:
+//!
+//! ```text
+//! ETCDCTL_API=3 etcdctl --endpoints 127.0.0.1:2379 lock leasehold/billing/export
+//! ```
+//!
+//! holds our lock `billing/export` (prefix `leasehold/`) until you stop it, and queues behind
+//! us while we hold it. Our keys' value is the acquisition's owner value (40 hex digits);
+//! `etcdctl lock` writes an empty value. To see who holds a lock:
+//! `etcdctl get --prefix leasehold/billing/export/ --sort-by=CREATE --order=ASCEND --limit=1`.
+//!
+//! `try_acquire` creates its key only if the range is empty (a transaction comparing the range's
+//! create revision to 0), so it never queues: a lock with waiters counts as held.
+//!
+//! # Sessions and in-process exclusion
+//!
+//! In [`LeaseMode::Session`] one lease serves every acquisition of a backend instance (and its
+//! clones): one write per lock, one keep-alive stream. etcd counts keys on the same lease as the
+//! same owner (`etcdctl lock` would re-enter), so the backend adds in-process exclusion: one
+//! local permit per waiter key, taken before touching etcd and given back only after our key is
+//! deleted. In [`LeaseMode::PerLock`] every acquisition has a lease of its own (its TTL is the
+//! request's, rounded up to whole seconds), revoked on release: independent expiry, two more
+//! writes per lock (grant and revoke).
+//!
+//! Measured on the project's loopback servers (etcd 3.4, 200 interleaved acquire + release
+//! cycles, `cargo run -p leasehold-etcd --example cycle`): the session-lease cycle costs
+//! 1.02× the raw Lock + Unlock RPCs on a shared lease on one member (9.8 vs 9.6 ms) and 0.95× on
+//! the 3-member cluster (25.7 vs 27.1 ms); a lease per lock costs 1.40× and 1.25× (its revoke
+//! runs in the background, outside the measured cycle).
+//!
+//! # Cancellation and drop
+//!
+//! - The etcd part of every acquisition runs in a task of its own, so a request that was sent is
+//!   never abandoned half-way (a request future dropped before it is sent is never sent, and
+//!   one dropped after may still land). If the acquire future is dropped, the task finishes the
+//!   request, then deletes the key it created (waiting or granted), and only then frees the
+//!   in-process permit. The [`Locker`](leasehold_core::Locker) also releases by owner value.
+//! - Dropping a waiting acquire therefore deletes our waiter key in the background; the waiter
+//!   behind us is then woken by the deletion.
+//! - Release on drop is not immediate: the key is deleted by a background task a round trip
+//!   later. With no Tokio runtime left, nothing can be sent, and the key goes when the lease
+//!   expires.
+//! - Dropping the backend (and every lease from it) revokes its session lease in the background.
+//!
+//! # Configuration
+//!
+//! `etcd://[user[:password]@]host:port[,host:port…][?prefix=…&lease=session|per-lock&session_ttl=SECS&timeout_ms=MS]`,
+//! see [`EtcdConfig::from_url`]. `etcds://` uses TLS through rustls and needs the crate
+//! feature `tls`. Passwords never appear in `Debug` output or error messages.
+//!
+//! [`SafetyClass::Correctness`]: leasehold_core::SafetyClass::Correctness
+//! [`FencingKind::Monotonic`]: leasehold_core::FencingKind::Monotonic
+//! [`RenewalKind::Session`]: leasehold_core::RenewalKind::Session
+//! [`WaitKind::Native`]: leasehold_core::WaitKind::Native
+
+mod backend;
+mod config;
+mod session;
+
+pub use backend::EtcdBackend;
+#[cfg(feature = "tls")]
+pub use config::TlsConfig;
+pub use config::{DEFAULT_PREFIX, EtcdConfig, LeaseMode, SCHEMES};
+
+/// The backend's name, as errors and leases report it.
+pub(crate) const NAME: &str = "etcd";
+
+/// Connects to etcd from a URL (see [`EtcdConfig::from_url`]): what the facade's registry
+/// calls for the schemes in [`SCHEMES`].
+pub async fn connect(url: &str) -> Result<EtcdBackend, leasehold_core::Error> {
+    EtcdBackend::connect(EtcdConfig::from_url(url)?).await
+}

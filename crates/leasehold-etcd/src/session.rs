@@ -1,0 +1,324 @@
+//! An etcd lease kept alive in the background, and the grants that depend on it.
+
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::time::Duration;
+
+use etcd_client::{LeaseClient, LeaseKeepAliveStream, LeaseKeeper};
+use leasehold_core::{LeaseMonitor, Validity};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::backend::{EtcdError, with_timeout};
+
+/// One etcd lease, kept alive by a background task over one keep-alive stream (reopened on
+/// another member when the stream fails), until it is dropped, closed, or lost.
+pub(crate) struct Session {
+    id: i64,
+    /// The TTL the server granted.
+    ttl: Duration,
+    state: Mutex<State>,
+    /// `Some(reason)` once the lease is lost or closed; final.
+    lost: watch::Sender<Option<Arc<str>>>,
+    lease: LeaseClient,
+    /// Revoke the lease when the last reference goes (per-lock leases, and session leases of a
+    /// dropped backend).
+    revoke_on_drop: bool,
+}
+
+#[derive(Debug)]
+struct State {
+    /// The instant before the last acknowledged keep-alive (or the grant) was sent.
+    last_ack: Instant,
+    /// The grants on this lease, each with the longest validity it may report.
+    monitors: Vec<(LeaseMonitor, Duration)>,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("id", &format_args!("{:x}", self.id))
+            .field("ttl", &self.ttl)
+            .field("lost", &*self.lost.borrow())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Session {
+    /// Grants a lease of `ttl` (rounded up to whole seconds) and starts keeping it alive.
+    pub(crate) async fn grant(
+        lease: LeaseClient,
+        ttl: Duration,
+        timeout: Duration,
+        revoke_on_drop: bool,
+    ) -> Result<Arc<Self>, EtcdError> {
+        let secs = i64::try_from(ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0))
+            .unwrap_or(i64::MAX)
+            .max(1);
+        let sent = Instant::now();
+        let resp = with_timeout(timeout, "lease grant", || {
+            let mut lease = lease.clone();
+            async move { lease.grant(secs, None).await }
+        })
+        .await?;
+        if !resp.error().is_empty() || resp.ttl() <= 0 {
+            return Err(EtcdError::Protocol(format!(
+                "lease grant refused: ttl {} {}",
+                resp.ttl(),
+                resp.error()
+            )));
+        }
+        let granted = Duration::from_secs(u64::try_from(resp.ttl()).unwrap_or(1));
+        let (lost, _) = watch::channel(None);
+        let session = Arc::new(Self {
+            id: resp.id(),
+            ttl: granted,
+            state: Mutex::new(State {
+                last_ack: sent,
+                monitors: Vec::new(),
+            }),
+            lost,
+            lease: lease.clone(),
+            revoke_on_drop,
+        });
+        tracing::debug!(lease = %format_args!("{:x}", session.id), ttl = ?granted, "leasehold.etcd: lease granted");
+        tokio::spawn(keep_alive(Arc::downgrade(&session), lease, timeout));
+        Ok(session)
+    }
+
+    /// The lease id.
+    pub(crate) fn id(&self) -> i64 {
+        self.id
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Why the lease is gone, if it is.
+    pub(crate) fn lost_reason(&self) -> Option<Arc<str>> {
+        if let Some(r) = self.lost.borrow().clone() {
+            return Some(r);
+        }
+        let expires = self.expires_at();
+        (Instant::now() >= expires).then(|| Arc::from("the lease's TTL ran out unrenewed"))
+    }
+
+    /// Whether the lease is gone (lost, closed, or past its TTL since the last acknowledgement).
+    pub(crate) fn is_lost(&self) -> bool {
+        self.lost_reason().is_some()
+    }
+
+    /// Completes when the lease is lost or closed.
+    pub(crate) async fn lost(&self) {
+        let mut rx = self.lost.subscribe();
+        loop {
+            if rx.borrow_and_update().is_some() {
+                return;
+            }
+            let expires = self.expires_at();
+            tokio::select! {
+                changed = rx.changed() => if changed.is_err() { return },
+                () = tokio::time::sleep_until(expires) => {
+                    if Instant::now() >= self.expires_at() { return }
+                }
+            }
+        }
+    }
+
+    /// The instant past which the server may have expired the lease.
+    fn expires_at(&self) -> Instant {
+        self.state().last_ack + self.ttl
+    }
+
+    /// The validity of a grant on this lease, at most `cap` long.
+    pub(crate) fn validity(&self, cap: Duration) -> Validity {
+        Validity::new(self.state().last_ack, self.ttl.min(cap))
+    }
+
+    /// Reports renewals and loss of this lease to `monitor`, with validities at most `cap`.
+    pub(crate) fn watch(&self, monitor: LeaseMonitor, cap: Duration) {
+        let mut state = self.state();
+        if let Some(reason) = self.lost.borrow().clone() {
+            drop(state);
+            monitor.lost(reason);
+            return;
+        }
+        state.monitors.retain(|(m, _)| !m.is_closed());
+        state.monitors.push((monitor, cap));
+    }
+
+    /// Marks the lease lost and fires the lost signal of every grant on it. Idempotent.
+    pub(crate) fn lose(&self, reason: impl Into<Arc<str>>) {
+        let reason: Arc<str> = reason.into();
+        let first = self.lost.send_if_modified(|r| {
+            if r.is_some() {
+                return false;
+            }
+            *r = Some(Arc::clone(&reason));
+            true
+        });
+        if !first {
+            return;
+        }
+        tracing::warn!(lease = %format_args!("{:x}", self.id), %reason, "leasehold.lost: etcd lease");
+        let monitors = std::mem::take(&mut self.state().monitors);
+        for (m, _) in monitors {
+            m.lost(Arc::clone(&reason));
+        }
+    }
+
+    /// Stops keeping the lease alive and revokes it in the background (a released per-lock
+    /// lease). Its grant is being released, so it is not told of a loss.
+    pub(crate) fn close(&self) {
+        self.state().monitors.clear();
+        self.lose("the lease was revoked on release");
+        spawn_revoke(self.lease.clone(), self.id);
+    }
+
+    /// A keep-alive was acknowledged with `ttl`: renew every grant.
+    fn acked(&self, sent: Instant, ttl: Duration) {
+        if self.lost.borrow().is_some() {
+            return;
+        }
+        let mut state = self.state();
+        state.last_ack = sent;
+        state.monitors.retain(|(m, cap)| {
+            // `renewed` returns false once the lease is gone or lost: stop watching it.
+            m.renewed(Validity::new(sent, ttl.min(*cap).min(self.ttl)))
+        });
+    }
+
+    /// How long to wait between keep-alives: a third of the shortest validity we promise.
+    fn interval(&self) -> Duration {
+        let state = self.state();
+        let shortest = state
+            .monitors
+            .iter()
+            .map(|(_, cap)| *cap)
+            .fold(self.ttl, Duration::min);
+        (shortest / 3).max(Duration::from_millis(100))
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        if self.revoke_on_drop && self.lost.borrow().is_none() {
+            spawn_revoke(self.lease.clone(), self.id);
+        }
+    }
+}
+
+/// Revokes a lease in the background, a few times if etcd is briefly unreachable. A lease that
+/// cannot be revoked expires by its TTL: nothing keeps it alive any more.
+pub(crate) fn spawn_revoke(lease: LeaseClient, id: i64) {
+    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    drop(rt.spawn(async move {
+        for attempt in 0..3u32 {
+            let revoke = with_timeout(Duration::from_secs(3), "lease revoke", || {
+                let mut lease = lease.clone();
+                async move { lease.revoke(id).await }
+            });
+            match revoke.await {
+                Ok(_) => return,
+                Err(e) if e.is_not_found() => return,
+                Err(e) => {
+                    tracing::debug!(lease = %format_args!("{id:x}"), error = %e, attempt,
+                        "leasehold.etcd: lease revoke failed");
+                    tokio::time::sleep(Duration::from_millis(200 << attempt)).await;
+                }
+            }
+        }
+    }));
+}
+
+/// The keep-alive loop of one lease: one request at a time over one stream; a failed stream is
+/// reopened (the client's balancer picks a live member) until the lease's TTL since the last
+/// acknowledgement has run out, and then the lease is lost.
+async fn keep_alive(session: Weak<Session>, mut lease: LeaseClient, timeout: Duration) {
+    let mut stream: Option<(LeaseKeeper, LeaseKeepAliveStream)> = None;
+    let mut next = match session.upgrade() {
+        Some(s) => Instant::now() + s.interval(),
+        None => return,
+    };
+    loop {
+        tokio::time::sleep_until(next).await;
+        let Some(s) = session.upgrade() else { return };
+        if s.lost.borrow().is_some() {
+            return;
+        }
+        let expires = s.expires_at();
+        let now = Instant::now();
+        if now >= expires {
+            s.lose("keep-alive failed until the lease's TTL ran out");
+            return;
+        }
+        let limit = timeout.min(expires - now).max(Duration::from_millis(1));
+        let id = s.id;
+        let sent = Instant::now();
+        let outcome = tokio::time::timeout(limit, async {
+            match &mut stream {
+                Some((keeper, st)) => {
+                    keeper.keep_alive().await?;
+                    match st.message().await? {
+                        Some(resp) => Ok(resp.ttl()),
+                        None => Err(etcd_client::Error::LeaseKeepAliveError(
+                            "keep-alive stream ended".to_owned(),
+                        )),
+                    }
+                }
+                None => {
+                    // Opening the stream sends one keep-alive and waits for its answer; it
+                    // fails with "lease not found" if the lease is gone.
+                    let (keeper, st) = lease.keep_alive(id).await?;
+                    stream = Some((keeper, st));
+                    Ok(i64::try_from(s.ttl.as_secs()).unwrap_or(i64::MAX))
+                }
+            }
+        })
+        .await;
+        match outcome {
+            Ok(Ok(ttl)) if ttl > 0 => {
+                s.acked(sent, Duration::from_secs(u64::try_from(ttl).unwrap_or(0)));
+                next = sent + s.interval();
+            }
+            Ok(Ok(_)) => {
+                s.lose(format!(
+                    "etcd lease {id:x} expired or was revoked (keep-alive answered TTL 0)"
+                ));
+                return;
+            }
+            Ok(Err(e)) if is_lease_gone(&e) => {
+                s.lose(format!("etcd lease {id:x} expired or was revoked: {e}"));
+                return;
+            }
+            Ok(Err(e)) => {
+                tracing::debug!(lease = %format_args!("{id:x}"), error = %e,
+                    "leasehold.etcd: keep-alive failed; reopening the stream");
+                stream = None;
+                next = retry_at(&s);
+            }
+            Err(_) => {
+                tracing::debug!(lease = %format_args!("{id:x}"), ?limit,
+                    "leasehold.etcd: keep-alive unanswered; reopening the stream");
+                stream = None;
+                next = retry_at(&s);
+            }
+        }
+    }
+}
+
+fn retry_at(s: &Session) -> Instant {
+    let now = Instant::now();
+    let left = s.expires_at().saturating_duration_since(now);
+    now + (left / 4).clamp(Duration::from_millis(10), Duration::from_millis(250))
+}
+
+fn is_lease_gone(e: &etcd_client::Error) -> bool {
+    match e {
+        etcd_client::Error::LeaseKeepAliveError(m) => m.contains("not found"),
+        etcd_client::Error::GRpcStatus(s) => s.message().contains("lease not found"),
+        _ => false,
+    }
+}

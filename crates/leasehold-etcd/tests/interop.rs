@@ -1,0 +1,323 @@
+//! Interoperation with `etcdctl lock`, the key layout, leases revoked from outside, and
+//! dropped waiters, on the single etcd member.
+
+mod common;
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use etcd_client::GetOptions;
+use leasehold_core::{ErrorKind, LockOptions, Locker};
+use leasehold_etcd::LeaseMode;
+use leasehold_test_support::require_service;
+use leasehold_test_support::services::{Endpoints, Service, unique_prefix};
+use tokio::process::{Child, Command};
+use tokio::time::{Instant, sleep, timeout};
+
+fn locker(backend: leasehold_etcd::EtcdBackend) -> Locker {
+    match Locker::new(backend).with_options(LockOptions::default().with_ttl(Duration::from_secs(5)))
+    {
+        Ok(l) => l,
+        Err(e) => panic!("locker options: {e}"),
+    }
+}
+
+/// Starts `etcdctl lock NAME CMD…` (ETCDCTL_API=3); killed (by its pid) when dropped.
+fn etcdctl_lock(endpoints: &Endpoints, name: &str, cmd: &[&str]) -> Child {
+    let spawned = Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .arg("--endpoints")
+        .arg(endpoints.raw())
+        .arg("lock")
+        .arg(name)
+        .args(cmd)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn();
+    match spawned {
+        Ok(c) => c,
+        Err(e) => panic!("cannot run etcdctl: {e}"),
+    }
+}
+
+/// Waits until exactly `n` keys live under `range` (at most 10 s).
+async fn wait_keys(client: &etcd_client::Client, range: &str, n: usize) -> usize {
+    let give_up = Instant::now() + Duration::from_secs(10);
+    loop {
+        let got = match common::count(client, range).await {
+            Ok(c) => c,
+            Err(e) => panic!("count {range}: {e}"),
+        };
+        if got == n || Instant::now() >= give_up {
+            return got;
+        }
+        sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcdctl_lock_blocks_our_acquire() {
+    let ep = require_service!(Service::Etcd);
+    let prefix = format!("{}/", unique_prefix("etcdctl-holds"));
+    let client = common::raw(&ep).await;
+    let l = locker(common::backend(&ep, &prefix, LeaseMode::Session).await);
+    let name = format!("{prefix}job");
+    // etcdctl holds the lock for 3 s, then unlocks and exits.
+    let mut child = etcdctl_lock(&ep, &name, &["sleep", "3"]);
+    assert_eq!(
+        wait_keys(&client, &format!("{name}/"), 1).await,
+        1,
+        "etcdctl never locked"
+    );
+
+    assert!(
+        l.try_acquire("job").await.unwrap().is_none(),
+        "try_acquire ignored etcdctl's lock"
+    );
+    let holder = l
+        .inspect("job")
+        .await
+        .unwrap()
+        .expect("etcdctl is the holder");
+    assert_eq!(holder.owner, None, "etcdctl writes an empty value");
+    let err = l
+        .acquire("job", Duration::from_millis(500))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Timeout);
+
+    let t0 = Instant::now();
+    let lease = l.acquire("job", Duration::from_secs(15)).await.unwrap();
+    let waited = t0.elapsed();
+    assert!(
+        waited >= Duration::from_millis(500),
+        "granted after only {waited:?}"
+    );
+    let status = timeout(Duration::from_secs(5), child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success(), "etcdctl failed: {status}");
+    assert!(lease.fencing_token().is_some());
+    assert!(lease.release().await.unwrap());
+    assert_eq!(wait_keys(&client, &format!("{name}/"), 0).await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn our_lock_blocks_etcdctl_lock() {
+    let ep = require_service!(Service::Etcd);
+    let prefix = format!("{}/", unique_prefix("we-hold"));
+    let client = common::raw(&ep).await;
+    let l = locker(common::backend(&ep, &prefix, LeaseMode::Session).await);
+    let name = format!("{prefix}job");
+    let lease = l.try_acquire("job").await.unwrap().expect("free lock");
+
+    let mut child = etcdctl_lock(&ep, &name, &["echo", "etcdctl-got-it"]);
+    // etcdctl queues behind us (its key appears) and stays blocked.
+    assert_eq!(
+        wait_keys(&client, &format!("{name}/"), 2).await,
+        2,
+        "etcdctl did not queue"
+    );
+    let blocked = timeout(Duration::from_secs(2), child.wait()).await;
+    assert!(
+        blocked.is_err(),
+        "etcdctl lock returned while we held the lock: {blocked:?}"
+    );
+
+    assert!(lease.release().await.unwrap());
+    let out = match timeout(Duration::from_secs(10), child.wait_with_output()).await {
+        Ok(out) => out.unwrap(),
+        Err(_) => panic!("etcdctl still blocked 10 s after our release"),
+    };
+    assert!(
+        out.status.success(),
+        "etcdctl: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("etcdctl-got-it"), "{stdout}");
+    assert_eq!(wait_keys(&client, &format!("{name}/"), 0).await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn key_layout_matches_the_concurrency_recipe() {
+    let ep = require_service!(Service::Etcd);
+    let prefix = format!("{}/", unique_prefix("layout"));
+    let client = common::raw(&ep).await;
+    let backend = common::backend(&ep, &prefix, LeaseMode::Session).await;
+    let session = backend.session_lease_id().await.expect("a session lease");
+    let l = locker(backend);
+    let lease = l.try_acquire("a/b").await.unwrap().unwrap();
+    let resp = client
+        .kv_client()
+        .get(
+            format!("{prefix}a/b/"),
+            Some(GetOptions::new().with_prefix()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(resp.kvs().len(), 1);
+    let kv = &resp.kvs()[0];
+    assert_eq!(kv.key_str().unwrap(), format!("{prefix}a/b/{session:x}"));
+    assert_eq!(kv.value(), lease.owner().as_str().as_bytes());
+    assert_eq!(kv.lease(), session);
+    assert_eq!(
+        lease.fencing_token().map(|t| t.get()),
+        u64::try_from(kv.create_revision()).ok()
+    );
+    let again = l.try_acquire("a/b").await.unwrap();
+    assert!(
+        again.is_none(),
+        "two local tasks held one key through the shared lease"
+    );
+    assert!(lease.release().await.unwrap());
+    let next = l.try_acquire("a/b").await.unwrap().unwrap();
+    assert!(next.fencing_token() > lease.fencing_token());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_revoked_from_outside_fires_lost_and_backend_recovers() {
+    let ep = require_service!(Service::Etcd);
+    let prefix = format!("{}/", unique_prefix("revoked"));
+    let client = common::raw(&ep).await;
+    let l = locker(common::backend(&ep, &prefix, LeaseMode::Session).await);
+    let a = l.try_acquire("job").await.unwrap().unwrap();
+    let b = l.try_acquire("other").await.unwrap().unwrap();
+    let id = common::lease_of(&client, &prefix, &a)
+        .await
+        .unwrap()
+        .unwrap();
+    let revoked = Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .args([
+            "--endpoints",
+            ep.raw(),
+            "lease",
+            "revoke",
+            &format!("{id:x}"),
+        ])
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        revoked.status.success(),
+        "{}",
+        String::from_utf8_lossy(&revoked.stderr)
+    );
+    let t0 = Instant::now();
+    // Keep-alives run every session_ttl / 3 at most (here 5 s / 3); the signal must follow.
+    let reason = timeout(Duration::from_secs(3), a.lost().wait())
+        .await
+        .expect("lost signal");
+    let after = t0.elapsed();
+    assert!(reason.to_string().contains("revoked"), "{reason}");
+    // Every grant on the session is told.
+    assert!(
+        timeout(Duration::from_millis(100), b.lost().wait())
+            .await
+            .is_ok()
+    );
+    eprintln!("lost signal {after:?} after etcdctl lease revoke");
+    // The backend gets a new session lease for new acquisitions.
+    let c = l
+        .try_acquire("job")
+        .await
+        .unwrap()
+        .expect("a new session serves new locks");
+    assert_ne!(
+        common::lease_of(&client, &prefix, &c).await.unwrap(),
+        Some(id)
+    );
+    assert!(!a.release().await.unwrap());
+    assert!(c.release().await.unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_a_waiting_acquire_deletes_its_waiter_key() {
+    let ep = require_service!(Service::Etcd);
+    let prefix = format!("{}/", unique_prefix("drop-waiter"));
+    let client = common::raw(&ep).await;
+    let holder = locker(common::backend(&ep, &prefix, LeaseMode::Session).await);
+    let waiter = locker(common::backend(&ep, &prefix, LeaseMode::Session).await);
+    let lease = holder.try_acquire("job").await.unwrap().unwrap();
+    let range = format!("{prefix}job/");
+    let task = tokio::spawn(async move { waiter.acquire("job", Duration::from_secs(30)).await });
+    assert_eq!(
+        wait_keys(&client, &range, 2).await,
+        2,
+        "the waiter did not queue"
+    );
+    task.abort();
+    let t0 = Instant::now();
+    assert_eq!(
+        wait_keys(&client, &range, 1).await,
+        1,
+        "the dropped waiter's key stayed"
+    );
+    assert!(
+        t0.elapsed() < Duration::from_secs(2),
+        "took {:?}",
+        t0.elapsed()
+    );
+    assert!(lease.release().await.unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thousand_dropped_acquires_leave_no_key() {
+    use rand::Rng;
+    let ep = require_service!(Service::Etcd);
+    let prefix = format!("{}/", unique_prefix("drops"));
+    let client = common::raw(&ep).await;
+    let a = locker(common::backend(&ep, &prefix, LeaseMode::Session).await);
+    let b = locker(common::backend(&ep, &prefix, LeaseMode::PerLock).await);
+    let holder = a.try_acquire("job").await.unwrap().unwrap();
+    for i in 0..1_000u32 {
+        let l = if i % 2 == 0 { &a } else { &b };
+        let micros = rand::rng().random_range(0..4_000u64);
+        let fut = async {
+            if i % 3 == 0 {
+                l.try_acquire("job").await.map(|_| ())
+            } else {
+                l.acquire("job", Duration::from_secs(30)).await.map(|_| ())
+            }
+        };
+        let _ = timeout(Duration::from_micros(micros), fut).await;
+        if i == 500 {
+            // Half-way, let the lock change hands so waiters get granted and dropped too.
+            assert!(holder.release().await.unwrap());
+        }
+    }
+    assert_eq!(
+        wait_keys(&client, &prefix, 0).await,
+        0,
+        "keys left under {prefix}"
+    );
+    assert!(a.try_acquire("job").await.unwrap().is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_errors_are_typed_and_never_show_the_password() {
+    let ep = require_service!(Service::Etcd);
+    // This member runs without authentication: etcd refuses to authenticate anyone.
+    let url = format!("etcd://alice:hunter2@{}", ep.url());
+    let err = leasehold_etcd::connect(&url).await.unwrap_err();
+    let shown = format!("{err} {err:?}");
+    assert!(!shown.contains("hunter2"), "{shown}");
+    // Nothing listens on port 1.
+    let t0 = Instant::now();
+    let err = leasehold_etcd::connect("etcd://127.0.0.1:1?timeout_ms=500&connect_timeout_ms=300")
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    assert!(err.is_retryable());
+    assert!(
+        t0.elapsed() < Duration::from_secs(3),
+        "took {:?}",
+        t0.elapsed()
+    );
+    let err = leasehold_etcd::connect("etcd://nohost").await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidConfig);
+}
