@@ -1,6 +1,7 @@
 //! [`RedisBackend`]: one Redis server, with a best-effort fencing counter and release wake-ups.
 
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -50,10 +51,22 @@ impl std::fmt::Debug for RedisBackend {
     }
 }
 
-/// Routes release messages (RESP3 pushes on the shared connection) to waiting tasks.
+/// Routes release messages (RESP3 pushes on the shared connection) to waiting tasks, and keeps
+/// one subscription per channel for as long as some local task waits on it.
 #[derive(Default)]
 struct WakeHub {
-    channels: Mutex<HashMap<String, Arc<Notify>>>,
+    channels: Mutex<HashMap<String, Arc<Channel>>>,
+}
+
+/// One wake-up channel: its waiters, how many hold it, and whether we are subscribed.
+#[derive(Default)]
+struct Channel {
+    notify: Notify,
+    /// Guarded by the hub's map lock.
+    refs: std::sync::atomic::AtomicUsize,
+    /// Serialises SUBSCRIBE and UNSUBSCRIBE of this channel, so an unsubscribe left over from
+    /// the previous waiter can never overtake the next waiter's subscribe.
+    subscribed: tokio::sync::Mutex<bool>,
 }
 
 impl WakeHub {
@@ -62,22 +75,22 @@ impl WakeHub {
             PushKind::Message | PushKind::SMessage => {
                 if let Some(Value::BulkString(channel)) = push.data.first()
                     && let Ok(channel) = std::str::from_utf8(channel)
-                    && let Some(n) = self.lock().get(channel)
+                    && let Some(c) = self.lock().get(channel)
                 {
-                    n.notify_waiters();
+                    c.notify.notify_waiters();
                 }
             }
             // The connection dropped: a release may have been missed; let everyone look again.
             PushKind::Disconnection => {
-                for n in self.lock().values() {
-                    n.notify_waiters();
+                for c in self.lock().values() {
+                    c.notify.notify_waiters();
                 }
             }
             _ => {}
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Notify>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Channel>>> {
         self.channels.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
@@ -107,6 +120,9 @@ impl RedisBackend {
                     .use_protocol(ProtocolVersion::RESP3)
                     .connection_timeout(config.connect_timeout)
                     .response_timeout(config.response_timeout)
+                    // A master that is down must fail its slots' requests quickly, not after
+                    // the client library's default sixteen retries.
+                    .retries(2)
                     .push_sender(move |push: PushInfo| {
                         hub.on_push(push);
                         Ok::<(), redis::aio::SendError>(())
@@ -192,41 +208,75 @@ impl Drop for QueueGuard<'_> {
     }
 }
 
-/// Subscription to one key's wake-up channel, held by the local contender.
+/// A hold on one key's wake-up channel, taken by the local contender.
 struct Subscription {
     node: Arc<Node>,
     hub: Arc<WakeHub>,
-    channel: String,
-    notify: Arc<Notify>,
+    name: String,
+    channel: Arc<Channel>,
 }
 
 impl Subscription {
-    async fn new(node: &Arc<Node>, hub: &Arc<WakeHub>, channel: &str) -> Result<Self, Error> {
-        let notify = Arc::clone(
-            hub.lock()
-                .entry(channel.to_owned())
-                .or_insert_with(|| Arc::new(Notify::new())),
-        );
+    async fn new(node: &Arc<Node>, hub: &Arc<WakeHub>, name: &str) -> Result<Self, Error> {
+        let channel = {
+            let mut map = hub.lock();
+            let c = Arc::clone(map.entry(name.to_owned()).or_default());
+            c.refs.fetch_add(1, Ordering::SeqCst);
+            c
+        };
+        // From here on, dropping `sub` gives the hold back, even if subscribing fails.
         let sub = Self {
             node: Arc::clone(node),
             hub: Arc::clone(hub),
-            channel: channel.to_owned(),
-            notify,
+            name: name.to_owned(),
+            channel,
         };
-        sub.node.subscribe(channel).await?;
+        let mut subscribed = sub.channel.subscribed.lock().await;
+        if !*subscribed {
+            sub.node.subscribe(name).await?;
+            *subscribed = true;
+        }
+        drop(subscribed);
         Ok(sub)
     }
 }
 
 impl Drop for Subscription {
     fn drop(&mut self) {
-        self.hub.lock().remove(&self.channel);
-        let (node, channel) = (Arc::clone(&self.node), std::mem::take(&mut self.channel));
+        let last = {
+            let _map = self.hub.lock();
+            self.channel.refs.fetch_sub(1, Ordering::SeqCst) == 1
+        };
+        if !last {
+            return;
+        }
+        let (node, hub, name, channel) = (
+            Arc::clone(&self.node),
+            Arc::clone(&self.hub),
+            std::mem::take(&mut self.name),
+            Arc::clone(&self.channel),
+        );
         // Driven to completion in a task: a dropped redis-rs future never sends its request.
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             drop(rt.spawn(async move {
-                if let Err(e) = node.unsubscribe(&channel).await {
-                    tracing::debug!(error = %e, "leasehold-redis: unsubscribe failed");
+                let mut subscribed = channel.subscribed.lock().await;
+                if channel.refs.load(Ordering::SeqCst) > 0 {
+                    return; // a new waiter took the channel over meanwhile
+                }
+                if *subscribed {
+                    match node.unsubscribe(&name).await {
+                        Ok(()) => *subscribed = false,
+                        Err(e) => {
+                            tracing::debug!(error = %e, "leasehold-redis: unsubscribe failed")
+                        }
+                    }
+                }
+                drop(subscribed);
+                let mut map = hub.lock();
+                if channel.refs.load(Ordering::SeqCst) == 0
+                    && map.get(&name).is_some_and(|c| Arc::ptr_eq(c, &channel))
+                {
+                    map.remove(&name);
                 }
             }));
         }
@@ -282,7 +332,7 @@ impl LockBackend for RedisBackend {
         let sub = Subscription::new(&self.inner.node, &self.inner.wake, &names.channel).await?;
         let mut attempts = 0u32;
         loop {
-            let woken = sub.notify.notified();
+            let woken = sub.channel.notify.notified();
             tokio::pin!(woken);
             woken.as_mut().enable();
             attempts += 1;

@@ -73,6 +73,9 @@ pub enum Service {
     /// Five independent Redis servers for Redlock
     /// (`LEASEHOLD_TEST_REDLOCK_URLS`, comma-separated `redis://` URLs).
     Redlock,
+    /// A three-master Redis Cluster (`LEASEHOLD_TEST_REDIS_CLUSTER_URLS`, comma-separated
+    /// `redis://` URLs of its nodes).
+    RedisCluster,
     /// PostgreSQL over TCP (`LEASEHOLD_TEST_POSTGRES_URL`, one `postgres://` URL).
     Postgres,
     /// PostgreSQL over its unix socket (`LEASEHOLD_TEST_POSTGRES_SOCKET`, the
@@ -91,9 +94,10 @@ pub enum Service {
 
 impl Service {
     /// Every service, in a fixed order.
-    pub const ALL: [Service; 6] = [
+    pub const ALL: [Service; 7] = [
         Service::Redis,
         Service::Redlock,
+        Service::RedisCluster,
         Service::Postgres,
         Service::PostgresSocket,
         Service::Etcd,
@@ -106,6 +110,7 @@ impl Service {
         match self {
             Service::Redis => "LEASEHOLD_TEST_REDIS_URL",
             Service::Redlock => "LEASEHOLD_TEST_REDLOCK_URLS",
+            Service::RedisCluster => "LEASEHOLD_TEST_REDIS_CLUSTER_URLS",
             Service::Postgres => "LEASEHOLD_TEST_POSTGRES_URL",
             Service::PostgresSocket => "LEASEHOLD_TEST_POSTGRES_SOCKET",
             Service::Etcd => "LEASEHOLD_TEST_ETCD_ENDPOINTS",
@@ -118,6 +123,7 @@ impl Service {
         match self {
             Service::Redis => "redis",
             Service::Redlock => "redlock",
+            Service::RedisCluster => "redis-cluster",
             Service::Postgres => "postgres",
             Service::PostgresSocket => "postgres-socket",
             Service::Etcd => "etcd",
@@ -127,7 +133,7 @@ impl Service {
 
     fn default_port(self) -> u16 {
         match self {
-            Service::Redis | Service::Redlock => 6379,
+            Service::Redis | Service::Redlock | Service::RedisCluster => 6379,
             Service::Postgres | Service::PostgresSocket => 5432,
             Service::Etcd | Service::EtcdCluster => 2379,
         }
@@ -430,9 +436,21 @@ impl fmt::Display for NodeAction {
 }
 
 /// The node names that [`node_ctl`] accepts.
-pub const NODES: [&str; 11] = [
-    "redis", "redlock1", "redlock2", "redlock3", "redlock4", "redlock5", "postgres", "etcd",
-    "etcd-c1", "etcd-c2", "etcd-c3",
+pub const NODES: [&str; 14] = [
+    "redis",
+    "redlock1",
+    "redlock2",
+    "redlock3",
+    "redlock4",
+    "redlock5",
+    "rcluster1",
+    "rcluster2",
+    "rcluster3",
+    "postgres",
+    "etcd",
+    "etcd-c1",
+    "etcd-c2",
+    "etcd-c3",
 ];
 
 /// The path of `scripts/services`: `LEASEHOLD_SERVICES_SCRIPT` (process

@@ -140,6 +140,20 @@ async fn every_redlock_node_answers_ping() -> TestResult {
 }
 
 #[tokio::test]
+async fn every_redis_cluster_node_answers_ping() -> TestResult {
+    let nodes = require_service!(Service::RedisCluster, Ok(()));
+    assert_eq!(
+        nodes.addrs().len(),
+        3,
+        "expected 3 cluster masters: {nodes:?}"
+    );
+    for &addr in nodes.addrs() {
+        redis_ping(addr, OP_TIMEOUT).await?;
+    }
+    Ok(())
+}
+
+#[tokio::test]
 async fn postgres_over_tcp() -> TestResult {
     let pg = require_service!(Service::Postgres, Ok(()));
     let expected_user = pg

@@ -63,3 +63,40 @@ pub(crate) fn redlock_target(urls: &[String]) -> Target {
         },
     ))
 }
+
+/// A backend on the Redis Cluster whose nodes are `urls`.
+pub(crate) async fn redis_cluster(urls: &[String], prefix: &str) -> RedisBackend {
+    let config = RedisConfig::cluster(urls)
+        .and_then(|c| c.with_prefix(prefix))
+        .unwrap_or_else(|e| panic!("config: {e}"));
+    RedisBackend::connect(config)
+        .await
+        .unwrap_or_else(|e| panic!("connect: {e}"))
+}
+
+/// The Redis Cluster conformance target: two cluster clients; the held hook counts lock keys
+/// on every master through direct connections.
+pub(crate) async fn cluster_target(urls: &[String]) -> Target {
+    let prefix = prefix("conformance");
+    let primary = redis_cluster(urls, &prefix).await;
+    let other = redis_cluster(urls, &prefix).await;
+    let mut masters = Vec::new();
+    for url in urls {
+        masters.push(redis(url, &prefix).await);
+    }
+    Target::new(
+        Arc::new(primary),
+        Arc::new(other),
+        Duration::from_millis(300),
+    )
+    .with_held(Arc::new(move || {
+        let masters = masters.clone();
+        Box::pin(async move {
+            let mut n = 0;
+            for m in &masters {
+                n += m.count_lock_keys("").await?;
+            }
+            Ok(n)
+        })
+    }))
+}

@@ -1,0 +1,139 @@
+//! `leasehold-bench`: comparative benchmarks of leasehold's backends, run as a program against
+//! the real servers of `scripts/services` (never as timed tests).
+//!
+//! ```text
+//! scripts/services up
+//! cargo run --release -p leasehold-bench -- redis
+//! ```
+//!
+//! Figures are ratios measured in one run, in alternating rounds, because the machines are
+//! shared and noisy. Results print as Markdown and are written, with an SVG chart, to the
+//! output folder (default `target/bench`).
+
+mod redis_bench;
+mod report;
+mod stats;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+#[derive(Parser)]
+#[command(about = "Comparative benchmarks of leasehold's backends against real servers")]
+struct Cli {
+    #[command(subcommand)]
+    suite: Suite,
+    /// Where to write the Markdown report and the SVG chart.
+    #[arg(long, default_value = "target/bench", global = true)]
+    out: PathBuf,
+    /// Which Tokio runtime(s) to measure on.
+    #[arg(long, value_enum, default_value_t = Runtimes::Both, global = true)]
+    runtime: Runtimes,
+}
+
+#[derive(Subcommand)]
+enum Suite {
+    /// Single-node Redis and Redlock against raw redis-rs, rslock, redis-benchmark and
+    /// PostgreSQL's server queue.
+    Redis {
+        /// Sequential cycles per implementation and scenario.
+        #[arg(long, default_value_t = 2_000)]
+        iterations: usize,
+        /// Seconds of each contention run.
+        #[arg(long, default_value_t = 3)]
+        contention_secs: u64,
+        /// Seconds of the 64-task throughput run.
+        #[arg(long, default_value_t = 3)]
+        throughput_secs: u64,
+        /// Which scenarios to run (comma-separated): single, redlock, throughput, contention.
+        #[arg(
+            long,
+            value_delimiter = ',',
+            default_value = "single,redlock,throughput,contention"
+        )]
+        scenarios: Vec<String>,
+    },
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Runtimes {
+    Both,
+    MultiThread,
+    CurrentThread,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(&cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("leasehold-bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: &Cli) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let Suite::Redis {
+        iterations,
+        contention_secs,
+        throughput_secs,
+        ref scenarios,
+    } = cli.suite;
+    for s in scenarios {
+        if !redis_bench::SCENARIOS.contains(&s.as_str()) {
+            return Err(format!(
+                "unknown scenario {s:?}; expected some of {:?}",
+                redis_bench::SCENARIOS
+            )
+            .into());
+        }
+    }
+    let params = redis_bench::Params {
+        iterations,
+        contention: Duration::from_secs(contention_secs),
+        throughput: Duration::from_secs(throughput_secs),
+    };
+    let flavours: &[&str] = match cli.runtime {
+        Runtimes::Both => &["multi-thread", "current-thread"],
+        Runtimes::MultiThread => &["multi-thread"],
+        Runtimes::CurrentThread => &["current-thread"],
+    };
+    let mut markdown = String::from("## leasehold-bench redis\n\n");
+    let mut bars = Vec::new();
+    for &flavour in flavours {
+        let rt = if flavour == "multi-thread" {
+            tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?
+        } else {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?
+        };
+        let outcome = rt.block_on(redis_bench::run(params, flavour, scenarios))?;
+        for t in &outcome.tables {
+            let md = t.markdown();
+            println!("{md}");
+            markdown.push_str(&md);
+            markdown.push('\n');
+        }
+        bars.extend(outcome.bars);
+    }
+    std::fs::create_dir_all(&cli.out)?;
+    std::fs::write(cli.out.join("redis.md"), &markdown)?;
+    report::chart(
+        &cli.out.join("redis.svg"),
+        "Lock cycle p50 (lower is better)",
+        &bars,
+    )
+    .map_err(|e| e.to_string())?;
+    eprintln!(
+        "wrote {} and {}",
+        cli.out.join("redis.md").display(),
+        cli.out.join("redis.svg").display()
+    );
+    Ok(())
+}
