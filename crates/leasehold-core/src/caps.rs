@@ -70,6 +70,14 @@ pub enum RenewalKind {
     /// The backend keeps grants alive itself (a database session, a kept-alive lease) and reports
     /// their validity and loss through the [`LeaseMonitor`](crate::LeaseMonitor); `extend` only
     /// confirms the grant is still held.
+    ///
+    /// For these backends the requested TTL does not end the grant: it lasts as long as the
+    /// session (or session lease) that holds it. The TTL only caps the validity the backend
+    /// *reports* (a lease's deadline never lies beyond `started + ttl − drift`), and
+    /// [`Capabilities::min_ttl`] is the backend's own validity window (one health-check or
+    /// keep-alive period plus its timeout), so a shorter TTL is refused rather than silently
+    /// stretched. How long a crashed holder keeps the lock is the backend's liveness rule
+    /// (session end, session lease TTL), documented by each driver.
     Session,
 }
 

@@ -157,6 +157,17 @@ impl LeaseMonitor {
         }
     }
 
+    /// Why the lease is over, if it is: [`LossReason::Released`] once it was released or
+    /// dropped (also after the last trace of it is gone), [`LossReason::Expired`] once its
+    /// deadline passed unrenewed, and so on. A backend that watches a grant can tell "the holder
+    /// let go" (clean up quietly) from "the grant was lost" (it already said so).
+    pub fn loss_reason(&self) -> Option<LossReason> {
+        match self.shared.upgrade() {
+            Some(s) => s.status().loss(Instant::now()),
+            None => Some(LossReason::Released),
+        }
+    }
+
     /// Whether the lease has been dropped or lost, so there is nothing left to watch.
     pub fn is_closed(&self) -> bool {
         self.shared

@@ -241,6 +241,7 @@ impl LockBackend for MemoryBackend {
 mod tests {
     use super::*;
     use crate::{ErrorKind, LockOptions, Locker, LossReason, Renewal};
+    use async_trait::async_trait;
     use std::time::Duration;
 
     fn locker(ttl_ms: u64, renewal: Renewal) -> Result<Locker, Error> {
@@ -300,6 +301,65 @@ mod tests {
             .ok_or_else(|| missing("timeout"))?;
         assert_eq!(err.kind(), ErrorKind::Timeout);
         assert_eq!(err.attempts(), Some(1));
+        Ok(())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_monitor_tells_release_from_expiry() -> Result<(), Error> {
+        // A backend watching its grants sees why a lease ended.
+        #[derive(Debug, Clone, Default)]
+        struct Watching {
+            inner: MemoryBackend,
+            monitors: Arc<std::sync::Mutex<Vec<crate::LeaseMonitor>>>,
+        }
+        #[async_trait]
+        impl LockBackend for Watching {
+            fn name(&self) -> &'static str {
+                "watching"
+            }
+            fn capabilities(&self) -> Capabilities {
+                self.inner.capabilities()
+            }
+            async fn try_lock(&self, req: LockRequest<'_>) -> Result<Option<Grant>, Error> {
+                if let Ok(mut m) = self.monitors.lock() {
+                    m.push(req.monitor.clone());
+                }
+                self.inner.try_lock(req).await
+            }
+            async fn wait_lock(&self, req: LockRequest<'_>, d: Instant) -> Result<Waited, Error> {
+                self.inner.wait_lock(req, d).await
+            }
+            async fn release(&self, held: Held<'_>) -> Result<bool, Error> {
+                self.inner.release(held).await
+            }
+            async fn extend(&self, req: ExtendRequest<'_>) -> Result<Option<Validity>, Error> {
+                self.inner.extend(req).await
+            }
+            async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
+                self.inner.inspect(key).await
+            }
+        }
+        let backend = Watching::default();
+        let l = Locker::new(backend.clone()).with_options(
+            LockOptions::default()
+                .with_ttl(Duration::from_secs(1))
+                .with_renewal(Renewal::Off),
+        )?;
+        let a = l.try_acquire("a").await?.ok_or_else(|| missing("a"))?;
+        let b = l.try_acquire("b").await?.ok_or_else(|| missing("b"))?;
+        let monitors = backend
+            .monitors
+            .lock()
+            .map(|m| m.clone())
+            .unwrap_or_default();
+        assert_eq!(monitors.len(), 2);
+        assert_eq!(monitors[0].loss_reason(), None);
+        assert!(a.release().await?);
+        assert_eq!(monitors[0].loss_reason(), Some(LossReason::Released));
+        tokio::time::advance(Duration::from_secs(2)).await;
+        assert_eq!(monitors[1].loss_reason(), Some(LossReason::Expired));
+        drop(b);
+        assert!(monitors.iter().all(crate::LeaseMonitor::is_closed));
         Ok(())
     }
 
