@@ -8,10 +8,10 @@ use redis::{ConnectionInfo, IntoConnectionInfo, ProtocolVersion};
 
 use crate::keys::{DEFAULT_PREFIX, check_prefix};
 
-/// URL schemes of [`RedisBackend`](crate::RedisBackend): one server (`redis`, `redis+unix`,
-/// `unix`), or a Redis Cluster given its seed nodes
+/// URL schemes of [`RedisBackend`](crate::RedisBackend): one server (`redis`, `rediss` for
+/// TLS, `redis+unix`, `unix`), or a Redis Cluster given its seed nodes
 /// (`redis-cluster://[user:password@]host:port,host:port,…`).
-pub const SCHEMES: &[&str] = &["redis", "redis+unix", "unix", "redis-cluster"];
+pub const SCHEMES: &[&str] = &["redis", "rediss", "redis+unix", "unix", "redis-cluster"];
 
 /// URL scheme of the Redlock backend: `redlock://[user:password@]host:port,host:port,…[/db]`.
 pub const REDLOCK_SCHEMES: &[&str] = &["redlock"];
@@ -51,6 +51,22 @@ fn redact_query(tail: &str) -> String {
     format!("{path}?{}", parts.join("&"))
 }
 
+/// Makes rustls use the *ring* provider unless the process already chose one.
+pub(crate) fn install_crypto_provider() {
+    // An error only means a provider is installed already: that one is used.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// Reads a PEM CA file for `rediss://` connections.
+fn read_ca(backend: &'static str, path: &std::path::Path) -> Result<Vec<u8>, Error> {
+    std::fs::read(path).map_err(|e| {
+        invalid(
+            backend,
+            format!("cannot read the TLS CA file {}: {e}", path.display()),
+        )
+    })
+}
+
 pub(crate) fn invalid(backend: &'static str, msg: impl Into<String>) -> Error {
     Error::new(ErrorKind::InvalidConfig, backend, msg)
 }
@@ -68,12 +84,6 @@ pub(crate) struct Server {
 impl Server {
     pub(crate) fn parse(backend: &'static str, url: &str) -> Result<Self, Error> {
         let redacted = redact(url);
-        if url.starts_with("rediss://") {
-            return Err(invalid(
-                backend,
-                format!("{redacted}: TLS (rediss://) is not supported by this build yet"),
-            ));
-        }
         let info = url.into_connection_info().map_err(|e| {
             invalid(
                 backend,
@@ -85,6 +95,40 @@ impl Server {
             info,
             redacted,
         })
+    }
+
+    /// Whether the URL asks for TLS (`rediss://`).
+    pub(crate) fn is_tls(&self) -> bool {
+        matches!(self.info.addr(), redis::ConnectionAddr::TcpTls { .. })
+    }
+
+    /// A redis-rs client for this server, trusting `ca` (PEM) instead of the system roots when
+    /// given.
+    pub(crate) fn client(
+        &self,
+        backend: &'static str,
+        info: ConnectionInfo,
+        ca: Option<&[u8]>,
+    ) -> Result<redis::Client, Error> {
+        let built = match ca {
+            Some(ca) if self.is_tls() => {
+                install_crypto_provider();
+                redis::Client::build_with_tls(
+                    info,
+                    redis::TlsCertificates {
+                        client_tls: None,
+                        root_cert: Some(ca.to_vec()),
+                    },
+                )
+            }
+            _ => {
+                if self.is_tls() {
+                    install_crypto_provider();
+                }
+                redis::Client::open(info)
+            }
+        };
+        built.map_err(|e| invalid(backend, format!("{}: {}", self.redacted, e.category())))
     }
 
     /// The connection info with RESP3 (needed for wake-up pushes on the shared connection).
@@ -159,6 +203,7 @@ fn split_hosts(backend: &'static str, url: &str, scheme: &str) -> Result<Vec<Str
 #[derive(Clone)]
 pub struct RedisConfig {
     pub(crate) deployment: Deployment,
+    pub(crate) tls_ca: Option<Vec<u8>>,
     pub(crate) prefix: String,
     pub(crate) connect_timeout: Duration,
     pub(crate) response_timeout: Duration,
@@ -169,6 +214,7 @@ impl fmt::Debug for RedisConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisConfig")
             .field("url", &self.deployment.redacted())
+            .field("tls_ca", &self.tls_ca.as_ref().map(|_| "<PEM>"))
             .field("prefix", &self.prefix)
             .field("connect_timeout", &self.connect_timeout)
             .field("response_timeout", &self.response_timeout)
@@ -217,6 +263,7 @@ impl RedisConfig {
     fn with_deployment(deployment: Deployment) -> Self {
         Self {
             deployment,
+            tls_ca: None,
             prefix: DEFAULT_PREFIX.to_owned(),
             connect_timeout: Duration::from_secs(1),
             response_timeout: Duration::from_secs(1),
@@ -232,6 +279,13 @@ impl RedisConfig {
         let prefix = prefix.into();
         check_prefix(crate::single::NAME, &prefix)?;
         self.prefix = prefix;
+        Ok(self)
+    }
+
+    /// Trusts the CA certificate(s) in this PEM file for `rediss://` (instead of the system's
+    /// roots). The server's certificate must name the host of the URL.
+    pub fn with_tls_ca_file(mut self, path: impl AsRef<std::path::Path>) -> Result<Self, Error> {
+        self.tls_ca = Some(read_ca(crate::single::NAME, path.as_ref())?);
         Ok(self)
     }
 
@@ -258,6 +312,7 @@ impl RedisConfig {
 #[derive(Clone)]
 pub struct RedlockConfig {
     pub(crate) servers: Vec<Server>,
+    pub(crate) tls_ca: Option<Vec<u8>>,
     pub(crate) prefix: String,
     pub(crate) node_timeout: Option<Duration>,
     pub(crate) connect_timeout: Duration,
@@ -315,6 +370,7 @@ impl RedlockConfig {
         }
         Ok(Self {
             servers,
+            tls_ca: None,
             prefix: DEFAULT_PREFIX.to_owned(),
             node_timeout: None,
             connect_timeout: Duration::from_secs(1),
@@ -334,6 +390,12 @@ impl RedlockConfig {
         let prefix = prefix.into();
         check_prefix(crate::redlock::NAME, &prefix)?;
         self.prefix = prefix;
+        Ok(self)
+    }
+
+    /// Trusts the CA certificate(s) in this PEM file for `rediss://` nodes.
+    pub fn with_tls_ca_file(mut self, path: impl AsRef<std::path::Path>) -> Result<Self, Error> {
+        self.tls_ca = Some(read_ca(crate::redlock::NAME, path.as_ref())?);
         Ok(self)
     }
 

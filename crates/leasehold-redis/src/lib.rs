@@ -11,7 +11,20 @@
 //! | waiting | woken by the release message on a per-key channel, with jittered backoff as a fallback; waiters of one process queue in order | jittered backoff, by the `Locker` |
 //! | holder crash | the key expires after its TTL | the keys expire after their TTL |
 //!
-//! Requires Redis ≥ 6 (RESP3: release wake-ups are pushed on the shared connection).
+//! Requires Redis ≥ 6 (RESP3: release wake-ups are pushed on the shared connection); a Redis
+//! Cluster needs Redis ≥ 7 (sharded pub/sub keeps a lock's wake-up channel on its slot).
+//!
+//! # Connecting
+//!
+//! - `redis://[user:password@]host[:port][/db]`, `redis+unix:///path/to/socket`: one server.
+//! - `rediss://…`: the same over TLS (rustls with the *ring* provider). The system's roots are
+//!   trusted unless [`RedisConfig::with_tls_ca_file`] names a CA; the certificate must name the
+//!   URL's host. redis-rs's `#insecure` fragment turns verification off: for tests only.
+//! - `redis-cluster://[user:password@]host:port,host:port,…`: a Redis Cluster by its seed nodes
+//!   (or [`RedisConfig::cluster`]); each command goes to the master of its slot.
+//! - `redlock://[user:password@]host:port,host:port,…[/db]`: N ≥ 3 independent servers.
+//!
+//! Passwords never appear in `Debug` output or errors ([`redact`]).
 //!
 //! # Key mapping
 //!

@@ -11,12 +11,11 @@ use leasehold_core::{
     Capabilities, Error, ErrorKind, ExtendRequest, FencingKind, Grant, Held, HolderInfo,
     LockBackend, LockKey, LockRequest, NodeError, Owner, SafetyClass, Validity, WaitKind, Waited,
 };
-use redis::Client;
 use redis::aio::ConnectionManagerConfig;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
-use crate::config::{RedlockConfig, invalid};
+use crate::config::RedlockConfig;
 use crate::keys::Names;
 use crate::node::{Connector, Node, Taken, names};
 
@@ -186,8 +185,7 @@ impl RedlockBackend {
             .servers
             .iter()
             .map(|s| {
-                let client = Client::open(s.info.clone())
-                    .map_err(|e| invalid(NAME, format!("{}: {}", s.redacted, e.category())))?;
+                let client = s.client(NAME, s.info.clone(), config.tls_ca.as_deref())?;
                 let cm = ConnectionManagerConfig::new()
                     .set_connection_timeout(Some(config.connect_timeout))
                     .set_response_timeout(Some(config.connect_timeout))

@@ -12,7 +12,7 @@ use leasehold_core::{
 };
 use redis::aio::ConnectionManagerConfig;
 use redis::cluster::ClusterClient;
-use redis::{Client, ProtocolVersion, PushInfo, PushKind, Value};
+use redis::{ProtocolVersion, PushInfo, PushKind, Value};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -102,8 +102,7 @@ impl RedisBackend {
         let hub = Arc::clone(&wake);
         let connector = match &config.deployment {
             Deployment::Server(server) => {
-                let client = Client::open(server.resp3())
-                    .map_err(|e| invalid(NAME, format!("{}: {}", server.redacted, e.category())))?;
+                let client = server.client(NAME, server.resp3(), config.tls_ca.as_deref())?;
                 let cm = ConnectionManagerConfig::new()
                     .set_connection_timeout(Some(config.connect_timeout))
                     .set_response_timeout(Some(config.response_timeout))
@@ -116,7 +115,17 @@ impl RedisBackend {
                 Connector::Single(client, cm)
             }
             Deployment::Cluster(seeds) => {
-                let client = ClusterClient::builder(seeds.iter().map(|s| s.resp3()))
+                let mut builder = ClusterClient::builder(seeds.iter().map(|s| s.resp3()));
+                if seeds.iter().any(|s| s.is_tls()) {
+                    crate::config::install_crypto_provider();
+                    if let Some(ca) = &config.tls_ca {
+                        builder = builder.certs(redis::TlsCertificates {
+                            client_tls: None,
+                            root_cert: Some(ca.clone()),
+                        });
+                    }
+                }
+                let client = builder
                     .use_protocol(ProtocolVersion::RESP3)
                     .connection_timeout(config.connect_timeout)
                     .response_timeout(config.response_timeout)

@@ -1,14 +1,21 @@
 //! How tests find the real servers that `scripts/services up` starts.
 //!
-//! `scripts/services up` starts Redis, five Redlock nodes, PostgreSQL and etcd
-//! (single member and a three-member cluster) on loopback ports and writes
-//! their addresses to an env file of `KEY=VALUE` lines:
+//! `scripts/services up` starts Redis, five Redlock nodes, a Redis Cluster, a
+//! TLS-only Redis, PostgreSQL (TLS and plain on one port) with pgbouncer in
+//! front of it, and etcd (single member, a three-member cluster, and a member
+//! with TLS and auth) on loopback ports and writes their addresses to an env
+//! file of `KEY=VALUE` lines:
 //!
 //! * `$LEASEHOLD_SERVICES_DIR/env` if that variable is set, else
 //! * `<workspace root>/target/services/env`.
 //!
 //! Variables of the same names in the process environment override the
 //! file's values, so a developer can point a test at any server by hand.
+//!
+//! The TLS servers use a throwaway CA whose certificate is at [`tls_ca`]
+//! (`LEASEHOLD_TEST_TLS_CA`); their certificate names `127.0.0.1` (IP SAN)
+//! and `localhost`. The etcd member with auth takes the user and password in
+//! `LEASEHOLD_TEST_ETCD_USER` / `LEASEHOLD_TEST_ETCD_PASSWORD` (see [`var`]).
 //!
 //! # The policy: [`require`] and [`require_service!`](crate::require_service)
 //!
@@ -65,6 +72,16 @@ pub const SERVICES_DIR_VAR: &str = "LEASEHOLD_SERVICES_DIR";
 /// Name of the variable holding the absolute path of `scripts/services`.
 pub const SERVICES_SCRIPT_VAR: &str = "LEASEHOLD_SERVICES_SCRIPT";
 
+/// Name of the variable holding the path of the throwaway CA certificate
+/// (PEM) that signed the certificate of every TLS server of the harness.
+pub const TLS_CA_VAR: &str = "LEASEHOLD_TEST_TLS_CA";
+
+/// Name of the variable holding the user for [`Service::EtcdSecure`].
+pub const ETCD_USER_VAR: &str = "LEASEHOLD_TEST_ETCD_USER";
+
+/// Name of the variable holding the password for [`Service::EtcdSecure`].
+pub const ETCD_PASSWORD_VAR: &str = "LEASEHOLD_TEST_ETCD_PASSWORD";
+
 /// One of the services that `scripts/services up` provides.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Service {
@@ -90,11 +107,24 @@ pub enum Service {
     /// A three-member etcd cluster (`LEASEHOLD_TEST_ETCD_CLUSTER_ENDPOINTS`,
     /// comma-separated `host:port` client endpoints).
     EtcdCluster,
+    /// pgbouncer in `pool_mode = transaction` in front of the PostgreSQL
+    /// database (`LEASEHOLD_TEST_PGBOUNCER_URL`, one `postgres://` URL; same
+    /// user and password, SCRAM authentication, no TLS).
+    PgBouncer,
+    /// A Redis server that speaks TLS only, without client certificates or
+    /// auth (`LEASEHOLD_TEST_REDIS_TLS_URL`, one `rediss://` URL); its
+    /// certificate chains to [`tls_ca`].
+    RedisTls,
+    /// A single etcd member serving clients over TLS (https, certificate
+    /// chains to [`tls_ca`]) with auth enabled
+    /// (`LEASEHOLD_TEST_ETCD_SECURE_ENDPOINTS`, `host:port`; credentials in
+    /// [`ETCD_USER_VAR`] / [`ETCD_PASSWORD_VAR`]).
+    EtcdSecure,
 }
 
 impl Service {
     /// Every service, in a fixed order.
-    pub const ALL: [Service; 7] = [
+    pub const ALL: [Service; 10] = [
         Service::Redis,
         Service::Redlock,
         Service::RedisCluster,
@@ -102,6 +132,9 @@ impl Service {
         Service::PostgresSocket,
         Service::Etcd,
         Service::EtcdCluster,
+        Service::PgBouncer,
+        Service::RedisTls,
+        Service::EtcdSecure,
     ];
 
     /// The variable (in the env file or the process environment) that holds
@@ -115,6 +148,9 @@ impl Service {
             Service::PostgresSocket => "LEASEHOLD_TEST_POSTGRES_SOCKET",
             Service::Etcd => "LEASEHOLD_TEST_ETCD_ENDPOINTS",
             Service::EtcdCluster => "LEASEHOLD_TEST_ETCD_CLUSTER_ENDPOINTS",
+            Service::PgBouncer => "LEASEHOLD_TEST_PGBOUNCER_URL",
+            Service::RedisTls => "LEASEHOLD_TEST_REDIS_TLS_URL",
+            Service::EtcdSecure => "LEASEHOLD_TEST_ETCD_SECURE_ENDPOINTS",
         }
     }
 
@@ -128,14 +164,18 @@ impl Service {
             Service::PostgresSocket => "postgres-socket",
             Service::Etcd => "etcd",
             Service::EtcdCluster => "etcd-cluster",
+            Service::PgBouncer => "pgbouncer",
+            Service::RedisTls => "redis-tls",
+            Service::EtcdSecure => "etcd-secure",
         }
     }
 
     fn default_port(self) -> u16 {
         match self {
-            Service::Redis | Service::Redlock | Service::RedisCluster => 6379,
+            Service::Redis | Service::Redlock | Service::RedisCluster | Service::RedisTls => 6379,
             Service::Postgres | Service::PostgresSocket => 5432,
-            Service::Etcd | Service::EtcdCluster => 2379,
+            Service::PgBouncer => 6432,
+            Service::Etcd | Service::EtcdCluster | Service::EtcdSecure => 2379,
         }
     }
 }
@@ -236,10 +276,13 @@ pub fn config() -> BTreeMap<String, String> {
     let mut map = std::fs::read_to_string(env_file())
         .map(|text| parse_env(&text))
         .unwrap_or_default();
-    let keys = Service::ALL
-        .iter()
-        .map(|s| s.env_key())
-        .chain([SERVICES_DIR_VAR, SERVICES_SCRIPT_VAR]);
+    let keys = Service::ALL.iter().map(|s| s.env_key()).chain([
+        SERVICES_DIR_VAR,
+        SERVICES_SCRIPT_VAR,
+        TLS_CA_VAR,
+        ETCD_USER_VAR,
+        ETCD_PASSWORD_VAR,
+    ]);
     for key in keys {
         if let Some(value) = non_empty_var(key) {
             map.insert(key.to_owned(), value);
@@ -251,6 +294,12 @@ pub fn config() -> BTreeMap<String, String> {
 /// One configured value (see [`config`]); `None` when absent or empty.
 pub fn var(key: &str) -> Option<String> {
     non_empty_var(key).or_else(|| config().remove(key).filter(|v| !v.is_empty()))
+}
+
+/// The throwaway CA certificate (PEM file) of the harness's TLS servers
+/// ([`TLS_CA_VAR`]), if configured and the file exists.
+pub fn tls_ca() -> Option<PathBuf> {
+    var(TLS_CA_VAR).map(PathBuf::from).filter(|p| p.is_file())
 }
 
 /// Whether we run under CI: the `CI` variable is `true` or `1`.
@@ -436,7 +485,7 @@ impl fmt::Display for NodeAction {
 }
 
 /// The node names that [`node_ctl`] accepts.
-pub const NODES: [&str; 14] = [
+pub const NODES: [&str; 17] = [
     "redis",
     "redlock1",
     "redlock2",
@@ -451,6 +500,9 @@ pub const NODES: [&str; 14] = [
     "etcd-c1",
     "etcd-c2",
     "etcd-c3",
+    "redis-tls",
+    "pgbouncer",
+    "etcd-secure",
 ];
 
 /// The path of `scripts/services`: `LEASEHOLD_SERVICES_SCRIPT` (process

@@ -268,3 +268,86 @@ async fn node_ctl_rejects_unknown_nodes() {
         "{err:?}"
     );
 }
+
+/// The throwaway CA of the harness's TLS servers: configured, and a PEM certificate.
+fn assert_tls_ca() -> TestResult {
+    let ca =
+        services::tls_ca().ok_or(format!("{} is not set or not a file", services::TLS_CA_VAR))?;
+    let pem = std::fs::read_to_string(&ca)?;
+    assert!(
+        pem.starts_with("-----BEGIN CERTIFICATE-----"),
+        "{} is not a PEM certificate",
+        ca.display()
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn pgbouncer_runs_select_in_transaction_pooling() -> TestResult {
+    let bouncer = require_service!(Service::PgBouncer, Ok(()));
+    assert!(
+        bouncer.url().starts_with("postgres://"),
+        "{}",
+        bouncer.url()
+    );
+    // The simple query protocol: named prepared statements do not survive
+    // transaction pooling (pgbouncer < 1.21 does not track them).
+    let (client, connection) = timeout(
+        OP_TIMEOUT,
+        tokio_postgres::connect(bouncer.url(), tokio_postgres::NoTls),
+    )
+    .await??;
+    let driver = tokio::spawn(connection);
+    let rows = timeout(OP_TIMEOUT, client.simple_query("SELECT 1")).await??;
+    let one = rows.iter().find_map(|m| match m {
+        tokio_postgres::SimpleQueryMessage::Row(row) => row.get(0).map(str::to_owned),
+        _ => None,
+    });
+    assert_eq!(one.as_deref(), Some("1"));
+    drop(client);
+    let _ = timeout(OP_TIMEOUT, driver).await;
+
+    // The admin console confirms the pooling mode.
+    let mut admin: tokio_postgres::Config = bouncer.url().parse()?;
+    admin.dbname("pgbouncer");
+    let (client, connection) = timeout(OP_TIMEOUT, admin.connect(tokio_postgres::NoTls)).await??;
+    let driver = tokio::spawn(connection);
+    let rows = timeout(OP_TIMEOUT, client.simple_query("SHOW CONFIG")).await??;
+    let pool_mode = rows.iter().find_map(|m| match m {
+        tokio_postgres::SimpleQueryMessage::Row(row) if row.get(0) == Some("pool_mode") => {
+            row.get(1).map(str::to_owned)
+        }
+        _ => None,
+    });
+    assert_eq!(pool_mode.as_deref(), Some("transaction"));
+    drop(client);
+    let _ = timeout(OP_TIMEOUT, driver).await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn redis_tls_listens_and_refuses_plaintext() -> TestResult {
+    let redis = require_service!(Service::RedisTls, Ok(()));
+    assert!(redis.url().starts_with("rediss://"), "{}", redis.url());
+    assert_tls_ca()?;
+    let addr = redis.addr().ok_or("redis-tls has no TCP address")?;
+    timeout(OP_TIMEOUT, TcpStream::connect(addr)).await??;
+    // A plaintext PING must not get a PONG from a TLS-only port.
+    let plain = redis_ping(addr, OP_TIMEOUT).await;
+    assert!(plain.is_err(), "plaintext PING to {addr} got PONG");
+    Ok(())
+}
+
+#[tokio::test]
+async fn etcd_secure_listens_with_tls_and_has_credentials() -> TestResult {
+    let etcd = require_service!(Service::EtcdSecure, Ok(()));
+    assert_tls_ca()?;
+    assert!(services::var(services::ETCD_USER_VAR).is_some());
+    assert!(services::var(services::ETCD_PASSWORD_VAR).is_some());
+    let addr = etcd.addr().ok_or("etcd-secure has no TCP address")?;
+    timeout(OP_TIMEOUT, TcpStream::connect(addr)).await??;
+    // Plain HTTP to the https client port is refused (etcd answers 400).
+    let plain = etcd_health(addr).await;
+    assert!(plain.is_err(), "plain HTTP /health on {addr} succeeded");
+    Ok(())
+}
