@@ -456,6 +456,26 @@ async fn contention(p: Params, rt: &str, out: &mut Outcome) -> Result<(), BoxErr
         ));
 
         let end = Instant::now() + p.contention;
+        let pre = prefix("contend");
+        let mut lockers = Vec::new();
+        for _ in 0..c {
+            let config = RedisConfig::from_url(&redis_url)?
+                .with_prefix(&pre)?
+                .with_fair_queue(Duration::from_secs(2))?;
+            lockers.push(locker(RedisBackend::connect(config).await?)?);
+        }
+        let lockers = Arc::new(lockers);
+        let grants = contend(c, |task| {
+            let l = lockers[task].clone();
+            async move { ours_loop(l, task, end).await }
+        })
+        .await?;
+        t.row(contention_row(
+            "leasehold RedisBackend in fair mode, one backend per task",
+            grants,
+        ));
+
+        let end = Instant::now() + p.contention;
         let key = format!("{}rslock", prefix("contend"));
         let grants = contend(c, |task| {
             let (url, key) = (redis_url.clone(), key.clone());

@@ -204,6 +204,7 @@ fn split_hosts(backend: &'static str, url: &str, scheme: &str) -> Result<Vec<Str
 pub struct RedisConfig {
     pub(crate) deployment: Deployment,
     pub(crate) tls_ca: Option<Vec<u8>>,
+    pub(crate) fair: Option<Duration>,
     pub(crate) prefix: String,
     pub(crate) connect_timeout: Duration,
     pub(crate) response_timeout: Duration,
@@ -215,6 +216,7 @@ impl fmt::Debug for RedisConfig {
         f.debug_struct("RedisConfig")
             .field("url", &self.deployment.redacted())
             .field("tls_ca", &self.tls_ca.as_ref().map(|_| "<PEM>"))
+            .field("fair_queue_grace", &self.fair)
             .field("prefix", &self.prefix)
             .field("connect_timeout", &self.connect_timeout)
             .field("response_timeout", &self.response_timeout)
@@ -264,6 +266,7 @@ impl RedisConfig {
         Self {
             deployment,
             tls_ca: None,
+            fair: None,
             prefix: DEFAULT_PREFIX.to_owned(),
             connect_timeout: Duration::from_secs(1),
             response_timeout: Duration::from_secs(1),
@@ -286,6 +289,21 @@ impl RedisConfig {
     /// roots). The server's certificate must name the host of the URL.
     pub fn with_tls_ca_file(mut self, path: impl AsRef<std::path::Path>) -> Result<Self, Error> {
         self.tls_ca = Some(read_ca(crate::single::NAME, path.as_ref())?);
+        Ok(self)
+    }
+
+    /// Opt-in fairness across processes: waiters line up in a queue kept on the server, and a
+    /// free lock goes to the head of the line (see the crate docs, "Fair mode"). A waiter that
+    /// stops asking for `grace` (it crashed, or gave up without saying so) loses its place.
+    /// `grace` must be at least 100 ms.
+    pub fn with_fair_queue(mut self, grace: Duration) -> Result<Self, Error> {
+        if grace < Duration::from_millis(100) {
+            return Err(invalid(
+                crate::single::NAME,
+                format!("fair queue grace {grace:?} is below the minimum of 100ms"),
+            ));
+        }
+        self.fair = Some(grace);
         Ok(self)
     }
 

@@ -13,6 +13,10 @@ pub(crate) struct Names {
     pub(crate) lock: String,
     pub(crate) fence: String,
     pub(crate) channel: String,
+    /// Fair mode: the list of queued owner values, in arrival order.
+    pub(crate) queue: String,
+    /// Fair mode: owner value → server time (ms) until which that waiter counts as alive.
+    pub(crate) waiters: String,
 }
 
 impl Names {
@@ -21,6 +25,8 @@ impl Names {
         Self {
             fence: format!("{lock}:fence"),
             channel: format!("{lock}:released"),
+            queue: format!("{lock}:queue"),
+            waiters: format!("{lock}:waiters"),
             lock,
         }
     }

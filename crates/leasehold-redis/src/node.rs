@@ -12,7 +12,7 @@ use redis::{Client, Cmd, Pipeline, RedisError, RedisFuture, Value};
 use tokio::sync::OnceCell;
 
 use crate::keys::Names;
-use crate::scripts::{ACQUIRE_FENCED, EXTEND, RELEASE};
+use crate::scripts::{ACQUIRE_FAIR, ACQUIRE_FENCED, EXTEND, RELEASE};
 
 /// What one `SET NX` found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -156,14 +156,49 @@ impl Node {
         }
     }
 
-    /// Compare-and-delete, waking waiters on release. True if our grant was there.
-    pub(crate) async fn release(&self, names: &Names, owner: &Owner) -> Result<bool, Error> {
+    /// Fair mode: take the lock if it is free and nobody is ahead of us in line; with `enqueue`,
+    /// otherwise join the line (or refresh our place) for `grace`.
+    pub(crate) async fn take_fair(
+        &self,
+        names: &Names,
+        owner: &Owner,
+        ttl: Duration,
+        enqueue: bool,
+        grace: Duration,
+    ) -> Result<Taken, Error> {
+        let mut conn = self.conn().await?;
+        let token: Option<u64> = ACQUIRE_FAIR
+            .key(&names.lock)
+            .key(&names.fence)
+            .key(&names.queue)
+            .key(&names.waiters)
+            .arg(owner.as_str())
+            .arg(ttl_ms(ttl))
+            .arg(if enqueue { "1" } else { "0" })
+            .arg(ttl_ms(grace))
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| self.error(&e, "acquire"))?;
+        Ok(token.map_or(Taken::Held, |t| Taken::Granted(Some(FencingToken::new(t)))))
+    }
+
+    /// Compare-and-delete, waking waiters on release; in fair mode also leaves the line. True if
+    /// our grant was there.
+    pub(crate) async fn release(
+        &self,
+        names: &Names,
+        owner: &Owner,
+        fair: bool,
+    ) -> Result<bool, Error> {
         let mut conn = self.conn().await?;
         let n: i64 = RELEASE
             .key(&names.lock)
             .key(&names.channel)
+            .key(&names.queue)
+            .key(&names.waiters)
             .arg(owner.as_str())
             .arg(if self.is_cluster() { "S" } else { "" })
+            .arg(if fair { "F" } else { "" })
             .invoke_async(&mut conn)
             .await
             .map_err(|e| self.error(&e, "release"))?;

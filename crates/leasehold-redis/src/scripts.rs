@@ -18,12 +18,61 @@ return false
     )
 });
 
-/// `KEYS[1]` lock, `KEYS[2]` wake-up channel; `ARGV[1]` owner, `ARGV[2]` `S` to publish on the
-/// sharded channel (Redis Cluster: the channel lives on the lock's slot).
+/// Fair mode. `KEYS[1]` lock, `KEYS[2]` fence counter, `KEYS[3]` queue (list of owner values),
+/// `KEYS[4]` waiters (zset: owner value → server time in ms until which the waiter counts as
+/// alive); `ARGV[1]` owner, `ARGV[2]` ttl in ms, `ARGV[3]` `1` to join the queue, `ARGV[4]` how
+/// long (ms) a waiter stays in line without asking again.
+///
+/// Drops waiters at the head of the line that stopped asking; grants the lock (and the next
+/// fencing token) only if it is free **and** nobody is ahead of us in line; else, when asked,
+/// joins the line or refreshes our place. Time is the server's (`TIME`), never a client clock.
+pub(crate) static ACQUIRE_FAIR: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+while true do
+  local head = redis.call('LINDEX', KEYS[3], 0)
+  if not head then break end
+  local alive = redis.call('ZSCORE', KEYS[4], head)
+  if alive and tonumber(alive) > now then break end
+  redis.call('LPOP', KEYS[3])
+  redis.call('ZREM', KEYS[4], head)
+end
+local head = redis.call('LINDEX', KEYS[3], 0)
+if redis.call('EXISTS', KEYS[1]) == 0 and ((not head) or head == ARGV[1]) then
+  if head then
+    redis.call('LPOP', KEYS[3])
+    redis.call('ZREM', KEYS[4], ARGV[1])
+  end
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return redis.call('INCR', KEYS[2])
+end
+if ARGV[3] == '1' then
+  local grace = tonumber(ARGV[4])
+  if redis.call('ZADD', KEYS[4], now + grace, ARGV[1]) == 1 then
+    redis.call('RPUSH', KEYS[3], ARGV[1])
+  end
+  redis.call('PEXPIRE', KEYS[3], grace * 2)
+  redis.call('PEXPIRE', KEYS[4], grace * 2)
+end
+return false
+",
+    )
+});
+
+/// `KEYS[1]` lock, `KEYS[2]` wake-up channel, `KEYS[3]` fair queue, `KEYS[4]` fair waiters;
+/// `ARGV[1]` owner, `ARGV[2]` `S` to publish on the sharded channel (Redis Cluster: the channel
+/// lives on the lock's slot), `ARGV[3]` `F` in fair mode (also leave the line, if queued).
 /// Deletes the lock only if it holds our owner value, then wakes waiters. 1 if deleted, else 0.
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
+if ARGV[3] == 'F' then
+  if redis.call('ZREM', KEYS[4], ARGV[1]) == 1 then
+    redis.call('LREM', KEYS[3], 1, ARGV[1])
+  end
+end
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
   if ARGV[2] == 'S' then

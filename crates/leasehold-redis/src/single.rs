@@ -179,6 +179,55 @@ impl RedisBackend {
         &self.inner.config
     }
 
+    /// One attempt; in fair mode, `enqueue` joins the line (or refreshes our place in it).
+    async fn attempt(&self, req: &LockRequest<'_>, enqueue: bool) -> Result<Option<Grant>, Error> {
+        let names = names(&self.inner.config.prefix, req.key);
+        let taken = match self.inner.config.fair {
+            Some(grace) => {
+                self.inner
+                    .node
+                    .take_fair(&names, req.owner, req.ttl, enqueue, grace)
+                    .await?
+            }
+            None => {
+                self.inner
+                    .node
+                    .take(&names, req.owner, req.ttl, true)
+                    .await?
+            }
+        };
+        match taken {
+            Taken::Granted(token) => {
+                let grant = Grant::new(req.ttl_validity());
+                Ok(Some(match token {
+                    Some(t) => grant.with_fencing(t),
+                    None => grant,
+                }))
+            }
+            Taken::Held => Ok(None),
+        }
+    }
+
+    /// Fair mode: leaves the line after a wait that ended without the lock, in a task, so it
+    /// happens even if nobody awaits it.
+    fn leave_line(&self, key: &LockKey, owner: &leasehold_core::Owner) {
+        if self.inner.config.fair.is_none() {
+            return;
+        }
+        let (node, names, owner) = (
+            Arc::clone(&self.inner.node),
+            names(&self.inner.config.prefix, key),
+            owner.clone(),
+        );
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            drop(rt.spawn(async move {
+                if let Err(e) = node.release(&names, &owner, true).await {
+                    tracing::debug!(error = %e, "leasehold-redis: leaving the fair queue failed");
+                }
+            }));
+        }
+    }
+
     fn queue(&self, key: &LockKey) -> Arc<KeyQueue> {
         let mut queues = self
             .inner
@@ -305,22 +354,7 @@ impl LockBackend for RedisBackend {
     }
 
     async fn try_lock(&self, req: LockRequest<'_>) -> Result<Option<Grant>, Error> {
-        let names = names(&self.inner.config.prefix, req.key);
-        match self
-            .inner
-            .node
-            .take(&names, req.owner, req.ttl, true)
-            .await?
-        {
-            Taken::Granted(token) => {
-                let grant = Grant::new(req.ttl_validity());
-                Ok(Some(match token {
-                    Some(t) => grant.with_fencing(t),
-                    None => grant,
-                }))
-            }
-            Taken::Held => Ok(None),
-        }
+        self.attempt(&req, false).await
     }
 
     async fn wait_lock(&self, req: LockRequest<'_>, deadline: Instant) -> Result<Waited, Error> {
@@ -347,16 +381,21 @@ impl LockBackend for RedisBackend {
             attempts += 1;
             let started = Instant::now();
             let attempt = LockRequest::new(req.key, req.owner, req.ttl, started, req.monitor);
-            if let Some(grant) = self.try_lock(attempt).await? {
+            if let Some(grant) = self.attempt(&attempt, true).await? {
                 return Ok(Waited::new(Some(grant), attempts));
             }
             let now = Instant::now();
             if now >= deadline {
+                self.leave_line(req.key, req.owner);
                 return Ok(Waited::new(None, attempts));
             }
             // Woken by the release message, or after a jittered backoff in case a message was
-            // lost (a reconnect, a holder that expired instead of releasing).
-            let fallback = self.inner.config.wait_backoff.delay(attempts);
+            // lost (a reconnect, a holder that expired instead of releasing). In fair mode the
+            // backoff also keeps our place in line: we ask again well within the grace period.
+            let mut fallback = self.inner.config.wait_backoff.delay(attempts);
+            if let Some(grace) = self.inner.config.fair {
+                fallback = fallback.min(grace / 3);
+            }
             let until = (now + fallback.max(Duration::from_millis(1))).min(deadline);
             tokio::select! {
                 () = &mut woken => {}
@@ -367,7 +406,10 @@ impl LockBackend for RedisBackend {
 
     async fn release(&self, held: Held<'_>) -> Result<bool, Error> {
         let names = names(&self.inner.config.prefix, held.key);
-        self.inner.node.release(&names, held.owner).await
+        self.inner
+            .node
+            .release(&names, held.owner, self.inner.config.fair.is_some())
+            .await
     }
 
     async fn extend(&self, req: ExtendRequest<'_>) -> Result<Option<Validity>, Error> {

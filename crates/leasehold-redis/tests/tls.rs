@@ -20,7 +20,10 @@ fn ca() -> std::path::PathBuf {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn locks_over_tls_with_the_servers_ca() {
     let ep = require_service!(Service::RedisTls);
-    for url in [ep.url().to_owned(), ep.url().replace("127.0.0.1", "localhost")] {
+    for url in [
+        ep.url().to_owned(),
+        ep.url().replace("127.0.0.1", "localhost"),
+    ] {
         let config = RedisConfig::from_url(&url)
             .unwrap()
             .with_prefix(common::prefix("tls"))
@@ -64,5 +67,8 @@ async fn an_untrusted_certificate_is_refused_with_a_clear_error() {
         .with_tls_ca_file("/nonexistent/ca.pem")
         .expect_err("a missing CA file is a config error");
     assert_eq!(missing.kind(), ErrorKind::InvalidConfig);
-    assert!(missing.to_string().contains("/nonexistent/ca.pem"), "{missing}");
+    assert!(
+        missing.to_string().contains("/nonexistent/ca.pem"),
+        "{missing}"
+    );
 }

@@ -24,6 +24,17 @@ pub(crate) async fn redis(url: &str, prefix: &str) -> RedisBackend {
         .unwrap_or_else(|e| panic!("connect: {e}"))
 }
 
+/// A single-node backend in fair mode (server-side queue of waiters).
+pub(crate) async fn redis_fair(url: &str, prefix: &str, grace: Duration) -> RedisBackend {
+    let config = RedisConfig::from_url(url)
+        .and_then(|c| c.with_prefix(prefix))
+        .and_then(|c| c.with_fair_queue(grace))
+        .unwrap_or_else(|e| panic!("config: {e}"));
+    RedisBackend::connect(config)
+        .await
+        .unwrap_or_else(|e| panic!("connect: {e}"))
+}
+
 pub(crate) fn redlock(urls: &[String], prefix: &str) -> RedlockBackend {
     let config = RedlockConfig::from_urls(urls)
         .and_then(|c| c.with_prefix(prefix))
