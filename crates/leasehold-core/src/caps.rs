@@ -9,6 +9,8 @@ use std::time::Duration;
 pub enum SafetyClass {
     /// Exact, but only among the users of one process (the in-memory backend).
     Process,
+    /// Exact among the processes of one host (operating-system file locks), and nothing beyond.
+    Host,
     /// Right almost always; a fault (node restart without persistence, a pause or a network
     /// delay past the TTL, clock jumps) can let two holders overlap. Good for avoiding duplicate
     /// work, not for protecting data.
@@ -22,6 +24,7 @@ impl fmt::Display for SafetyClass {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             Self::Process => "process",
+            Self::Host => "host",
             Self::Efficiency => "efficiency",
             Self::Correctness => "correctness",
         })
@@ -150,6 +153,7 @@ impl Capabilities {
             SafetyClass::Process => {
                 why.push("mutual exclusion holds only within one process".to_owned())
             }
+            SafetyClass::Host => why.push("mutual exclusion holds only on one host".to_owned()),
             SafetyClass::Efficiency => why
                 .push("safety depends on bounded clock drift, pauses and network delay".to_owned()),
         }

@@ -1,0 +1,511 @@
+//! The `file://` backend: operating-system file locks on one host, with a durable fencing
+//! counter kept beside each lock file.
+//!
+//! It is what `leasehold run --key nightly -- ./job.sh` uses when no URL is given: it needs no
+//! server, and it excludes across processes of one host (and across tasks of one process).
+//!
+//! # How it works
+//!
+//! - Each key has a lock file `<dir>/<name>.lock`, locked with an exclusive `flock(2)`-style lock
+//!   (Rust's `File::try_lock`). The kernel drops the lock when the holder's file is closed, so a
+//!   holder that crashes or is killed releases at once.
+//! - After locking, the backend checks that the file it locked is still the one at the path (a
+//!   lock file deleted or replaced by hand would otherwise let a second holder in); it writes its
+//!   owner value into the lock file, for [`inspect`](leasehold_core::LockBackend::inspect).
+//! - The fencing token is a counter in `<dir>/<name>.fence`, read, incremented and written back
+//!   with `fsync` while the lock is held: it strictly increases across holders, survives
+//!   restarts and crashes, and is never reset by the backend.
+//! - While a lease is held, a check runs every `check_interval` (default 1 s): if the lock file
+//!   was deleted or replaced, the lease's lost signal fires.
+//! - Lock files are never deleted (deleting one while others wait on it is how two holders
+//!   happen).
+//!
+//! # Key mapping
+//!
+//! `<name>` is the key with every byte outside `[A-Za-z0-9._-]` written as `%XX`; keys whose
+//! name would pass 200 bytes use their first 100 bytes followed by `~` and 32 hex digits of
+//! the key's SHA-256. `flock(1)` takes the same lock:
+//!
+//! ```text
+//! flock -n /tmp/leasehold/nightly.lock -c ./job.sh    # excludes `leasehold run --key nightly`
+//! ```
+//!
+//! # What it does not guarantee
+//!
+//! - Mutual exclusion holds on **one host** only ([`SafetyClass::Host`]); on a network file
+//!   system (NFS, SMB) `flock` may be local to each client and exclude nobody.
+//! - The TTL does not end a grant: it lasts until it is released, its process exits, or its lock
+//!   file is deleted ([`RenewalKind::Session`]).
+//!
+//! # Cancellation and drop
+//!
+//! The blocking file operations run on Tokio's blocking pool. An acquire whose future is dropped
+//! mid-flight closes the file it may have locked as soon as the blocking call returns, which
+//! releases the lock; a dropped [`Lease`](leasehold_core::Lease) closes its file in the
+//! background.
+
+use std::fmt;
+use std::fs::{self, File, OpenOptions, TryLockError};
+use std::io::{self, Read, Seek, Write};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use leasehold_core::{
+    Capabilities, DEFAULT_MAX_TTL, Error, ErrorKind, ExtendRequest, FencingKind, FencingToken,
+    Grant, Held, HolderInfo, LeaseMonitor, LockBackend, LockKey, LockRequest, Owner, RenewalKind,
+    SafetyClass, Validity, WaitKind, Waited, async_trait,
+};
+use sha2::{Digest, Sha256};
+use tokio::time::Instant;
+
+/// The backend's name.
+pub const NAME: &str = "file";
+
+/// URL schemes of [`FileBackend`]: `file:///path/to/dir`.
+pub const SCHEMES: &[&str] = &["file"];
+
+/// Where the lock files live, and how often a held lock is checked.
+#[derive(Clone, PartialEq, Eq)]
+pub struct FileConfig {
+    dir: PathBuf,
+    check_interval: Duration,
+}
+
+impl fmt::Debug for FileConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FileConfig")
+            .field("dir", &self.dir)
+            .field("check_interval", &self.check_interval)
+            .finish()
+    }
+}
+
+impl Default for FileConfig {
+    fn default() -> Self {
+        Self::new(Self::default_dir())
+    }
+}
+
+impl FileConfig {
+    /// Lock files in `dir` (created if missing), checked every second while held.
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        Self {
+            dir: dir.into(),
+            check_interval: Duration::from_secs(1),
+        }
+    }
+
+    /// The default folder: `$LEASEHOLD_DIR`, else `leasehold` in the system's temporary folder.
+    pub fn default_dir() -> PathBuf {
+        std::env::var_os("LEASEHOLD_DIR")
+            .filter(|d| !d.is_empty())
+            .map(PathBuf::from)
+            .unwrap_or_else(|| std::env::temp_dir().join("leasehold"))
+    }
+
+    /// From `file:///absolute/path` (or `file://` alone for the default folder).
+    pub fn from_url(url: &str) -> Result<Self, Error> {
+        let rest = url
+            .strip_prefix("file://")
+            .ok_or_else(|| invalid(format!("{url:?}: a file URL starts with file://")))?;
+        if rest.is_empty() {
+            return Ok(Self::default());
+        }
+        if !rest.starts_with('/') {
+            return Err(invalid(format!(
+                "{url:?}: the folder must be an absolute path (file:///path/to/dir)"
+            )));
+        }
+        Ok(Self::new(rest))
+    }
+
+    /// Sets how often a held lock is checked (at least 10 ms).
+    pub fn with_check_interval(mut self, interval: Duration) -> Self {
+        self.check_interval = interval.max(Duration::from_millis(10));
+        self
+    }
+
+    /// The folder of the lock files.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+fn invalid(msg: impl Into<String>) -> Error {
+    Error::new(ErrorKind::InvalidConfig, NAME, msg)
+}
+
+fn io_error(what: &str, path: &Path, e: &io::Error) -> Error {
+    Error::new(
+        ErrorKind::Unavailable,
+        NAME,
+        format!("{what} {}: {e}", path.display()),
+    )
+}
+
+/// Locks as operating-system file locks on one host. See the [module docs](self).
+#[derive(Clone)]
+pub struct FileBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: FileConfig,
+    held: AtomicUsize,
+}
+
+impl fmt::Debug for FileBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FileBackend")
+            .field("config", &self.inner.config)
+            .finish()
+    }
+}
+
+/// The grant's state: the locked file (closing it releases the lock) and its identity.
+struct Locked {
+    file: Mutex<Option<File>>,
+    path: PathBuf,
+    identity: (u64, u64),
+    _count: Count,
+}
+
+/// Counts live grants of a backend (for [`FileBackend::held_count`]).
+struct Count(Arc<Inner>);
+
+impl Drop for Count {
+    fn drop(&mut self) {
+        self.0.held.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl Locked {
+    /// Whether we still hold the file lock on the file at the path.
+    fn still_ours(&self) -> bool {
+        let open = self
+            .file
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_some();
+        open && identity_at(&self.path).ok() == Some(self.identity)
+    }
+}
+
+fn identity(m: &fs::Metadata) -> (u64, u64) {
+    (m.dev(), m.ino())
+}
+
+fn identity_at(path: &Path) -> io::Result<(u64, u64)> {
+    fs::metadata(path).map(|m| identity(&m))
+}
+
+impl FileBackend {
+    /// A backend keeping its lock files in the configured folder (created if missing).
+    pub fn new(config: FileConfig) -> Result<Self, Error> {
+        fs::create_dir_all(&config.dir)
+            .map_err(|e| io_error("cannot create the lock folder", &config.dir, &e))?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                config,
+                held: AtomicUsize::new(0),
+            }),
+        })
+    }
+
+    /// The lock file of `key` (see "Key mapping" in the module docs).
+    pub fn lock_path(&self, key: &LockKey) -> PathBuf {
+        self.inner
+            .config
+            .dir
+            .join(format!("{}.lock", file_name(key)))
+    }
+
+    fn fence_path(&self, key: &LockKey) -> PathBuf {
+        self.inner
+            .config
+            .dir
+            .join(format!("{}.fence", file_name(key)))
+    }
+
+    /// How many grants of this backend are held right now.
+    pub fn held_count(&self) -> usize {
+        self.inner.held.load(Ordering::SeqCst)
+    }
+
+    /// Watches a held grant until its lease is over: fires the lost signal if the lock file is
+    /// deleted or replaced, and reports validity after each good check.
+    fn watch(&self, locked: &Arc<Locked>, monitor: &LeaseMonitor, ttl: Duration) {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (locked, monitor) = (Arc::downgrade(locked), monitor.clone());
+        let interval = self.inner.config.check_interval;
+        drop(rt.spawn(async move {
+            loop {
+                tokio::time::sleep(interval).await;
+                let started = Instant::now();
+                let Some(l) = locked.upgrade() else { return };
+                if monitor.is_closed() {
+                    return;
+                }
+                if l.still_ours() {
+                    if !monitor.renewed(Validity::new(started, ttl)) {
+                        return;
+                    }
+                } else {
+                    monitor.lost(format!(
+                        "lock file {} was deleted or replaced",
+                        l.path.display()
+                    ));
+                    return;
+                }
+            }
+        }));
+    }
+}
+
+/// The file name of a key (without extension).
+fn file_name(key: &LockKey) -> String {
+    let mut name = String::with_capacity(key.as_str().len());
+    for b in key.as_str().bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-') {
+            name.push(char::from(b));
+        } else {
+            name.push_str(&format!("%{b:02X}"));
+        }
+    }
+    if name.starts_with('.') {
+        // Never a hidden file, nor `.` or `..`.
+        name.replace_range(0..1, "%2E");
+    }
+    if name.len() > 200 {
+        let digest = Sha256::digest(key.as_str().as_bytes());
+        let hex: String = digest.iter().take(16).map(|b| format!("{b:02x}")).collect();
+        let head: String = name.chars().take(100).collect();
+        name = format!("{head}~{hex}");
+    }
+    name
+}
+
+/// Opens and locks `lock`; `None` if another holder has it. Retries when the file locked is no
+/// longer the one at the path (deleted or replaced meanwhile).
+fn take(lock: &Path) -> io::Result<Option<(File, (u64, u64))>> {
+    for _ in 0..16 {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(lock)?;
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(TryLockError::WouldBlock) => return Ok(None),
+            Err(TryLockError::Error(e)) => return Err(e),
+        }
+        let ours = identity(&file.metadata()?);
+        match identity_at(lock) {
+            Ok(at_path) if at_path == ours => return Ok(Some((file, ours))),
+            Ok(_) => continue,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(io::Error::other(
+        "the lock file keeps being replaced while we lock it",
+    ))
+}
+
+/// Next fencing token: read, increment, write back and fsync, under the lock.
+fn next_token(fence: &Path) -> io::Result<u64> {
+    let mut f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(fence)?;
+    let mut text = String::new();
+    f.read_to_string(&mut text)?;
+    let last: u64 = if text.trim().is_empty() {
+        0
+    } else {
+        text.trim().parse().map_err(|_| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("fence file holds {text:?}, not a number"),
+            )
+        })?
+    };
+    let next = last
+        .checked_add(1)
+        .ok_or_else(|| io::Error::other("fence counter exhausted"))?;
+    f.set_len(0)?;
+    f.rewind()?;
+    f.write_all(next.to_string().as_bytes())?;
+    f.sync_data()?;
+    Ok(next)
+}
+
+fn write_owner(file: &mut File, owner: &Owner) -> io::Result<()> {
+    file.set_len(0)?;
+    file.rewind()?;
+    file.write_all(owner.as_str().as_bytes())
+}
+
+#[async_trait]
+impl LockBackend for FileBackend {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::new(SafetyClass::Host, FencingKind::Monotonic)
+            .with_wait(WaitKind::Poll)
+            .with_renewal(RenewalKind::Session)
+            .with_ttl_range(self.inner.config.check_interval * 2, DEFAULT_MAX_TTL)
+    }
+
+    async fn try_lock(&self, req: LockRequest<'_>) -> Result<Option<Grant>, Error> {
+        let (lock, fence, owner) = (
+            self.lock_path(req.key),
+            self.fence_path(req.key),
+            req.owner.clone(),
+        );
+        let work = tokio::task::spawn_blocking(move || {
+            let Some((mut file, id)) =
+                take(&lock).map_err(|e| io_error("cannot lock", &lock, &e))?
+            else {
+                return Ok(None);
+            };
+            write_owner(&mut file, &owner).map_err(|e| io_error("cannot write", &lock, &e))?;
+            let token = next_token(&fence).map_err(|e| io_error("cannot update", &fence, &e))?;
+            Ok::<_, Error>(Some((file, id, token, lock)))
+        });
+        let taken = work.await.map_err(|e| {
+            Error::new(ErrorKind::Backend, NAME, format!("lock task failed: {e}"))
+        })??;
+        let Some((file, identity, token, path)) = taken else {
+            return Ok(None);
+        };
+        self.inner.held.fetch_add(1, Ordering::SeqCst);
+        let locked = Arc::new(Locked {
+            file: Mutex::new(Some(file)),
+            path,
+            identity,
+            _count: Count(Arc::clone(&self.inner)),
+        });
+        self.watch(&locked, req.monitor, req.ttl);
+        Ok(Some(
+            Grant::new(req.ttl_validity())
+                .with_fencing(FencingToken::new(token))
+                .with_state(locked),
+        ))
+    }
+
+    async fn wait_lock(&self, _req: LockRequest<'_>, _deadline: Instant) -> Result<Waited, Error> {
+        Err(Error::new(
+            ErrorKind::Unsupported,
+            NAME,
+            "file locks have no cancellable native wait; the Locker retries with backoff",
+        ))
+    }
+
+    async fn release(&self, held: Held<'_>) -> Result<bool, Error> {
+        // Without state the acquisition never finished: its file, if it locked one, is closed
+        // with the dropped blocking task's result.
+        let Some(locked) = held.state::<Arc<Locked>>() else {
+            return Ok(false);
+        };
+        let ours = locked.still_ours();
+        // Closing the file releases the lock.
+        drop(
+            locked
+                .file
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take(),
+        );
+        Ok(ours)
+    }
+
+    async fn extend(&self, req: ExtendRequest<'_>) -> Result<Option<Validity>, Error> {
+        Ok(req
+            .held
+            .state::<Arc<Locked>>()
+            .filter(|l| l.still_ours())
+            .map(|_| req.ttl_validity()))
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
+        let (lock, fence) = (self.lock_path(key), self.fence_path(key));
+        let found = tokio::task::spawn_blocking(move || -> io::Result<Option<HolderInfo>> {
+            let mut file = match File::open(&lock) {
+                Ok(f) => f,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+                Err(e) => return Err(e),
+            };
+            match file.try_lock_shared() {
+                Ok(()) => return Ok(None), // nobody holds it (closing the file unlocks)
+                Err(TryLockError::WouldBlock) => {}
+                Err(TryLockError::Error(e)) => return Err(e),
+            }
+            let mut owner = String::new();
+            file.read_to_string(&mut owner)?;
+            let mut info =
+                HolderInfo::unknown().with_detail(format!("lock file {}", lock.display()));
+            if !owner.is_empty() {
+                info = info.with_owner(Owner::from_raw(owner));
+            }
+            if let Ok(t) = fs::read_to_string(&fence)
+                && let Ok(t) = t.trim().parse()
+            {
+                info = info.with_fencing(FencingToken::new(t));
+            }
+            Ok(Some(info))
+        });
+        found
+            .await
+            .map_err(|e| {
+                Error::new(
+                    ErrorKind::Backend,
+                    NAME,
+                    format!("inspect task failed: {e}"),
+                )
+            })?
+            .map_err(|e| io_error("cannot inspect", &self.lock_path(key), &e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_names_are_safe_stable_and_bounded() {
+        let k = |s: &str| LockKey::new(s).unwrap();
+        assert_eq!(file_name(&k("nightly")), "nightly");
+        assert_eq!(file_name(&k("jobs/nightly run")), "jobs%2Fnightly%20run");
+        assert_eq!(file_name(&k("..")), "%2E.");
+        let long = file_name(&k(&"x".repeat(500)));
+        assert!(long.len() < 200 && long.contains('~'), "{long}");
+        assert_ne!(long, file_name(&k(&"x".repeat(499))));
+    }
+
+    #[test]
+    fn urls() {
+        assert_eq!(
+            FileConfig::from_url("file:///var/lock/app").unwrap().dir(),
+            Path::new("/var/lock/app")
+        );
+        assert_eq!(
+            FileConfig::from_url("file://").unwrap(),
+            FileConfig::default()
+        );
+        assert_eq!(
+            FileConfig::from_url("file://relative").unwrap_err().kind(),
+            ErrorKind::InvalidConfig
+        );
+    }
+}
