@@ -1,6 +1,3 @@
-//! The `leasehold` command line tool's library: for now, the local file backend that the tool
-//! uses when no URL is given.
-//!
-//! See [`file::FileBackend`].
-
-pub mod file;
+//! The library side of the `leasehold` command line tool (the binary comes with the CLI
+//! issue). The local file backend it uses by default lives in `leasehold-core`
+//! ([`leasehold_core::FileBackend`]), so that every crate can use it.

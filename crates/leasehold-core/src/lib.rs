@@ -13,7 +13,8 @@
 //!   renewal watchdog, and cancellation safety.
 //! - [`Lease`] is the guard: key, owner, optional [`FencingToken`], validity deadline, a
 //!   [lost signal](Lease::lost) that fires when the lease is gone, and release on drop.
-//! - [`MemoryBackend`] is the in-process default.
+//! - [`MemoryBackend`] is the in-process default; [`FileBackend`] locks across the processes of
+//!   one host with operating-system file locks (`file://`).
 //!
 //! # What this does not promise
 //!
@@ -28,6 +29,7 @@
 mod backend;
 mod caps;
 mod error;
+pub mod file;
 mod key;
 mod lease;
 mod locker;
@@ -40,6 +42,7 @@ pub use backend::{
 };
 pub use caps::{Capabilities, DEFAULT_MAX_TTL, FencingKind, RenewalKind, SafetyClass, WaitKind};
 pub use error::{Error, ErrorKind, NodeError};
+pub use file::{FileBackend, FileConfig};
 pub use key::{IntoLockKey, KeyError, LockKey, MAX_KEY_LEN};
 pub use lease::{Lease, LeaseInfo, LeaseMonitor, LossReason, LostSignal};
 pub use locker::Locker;

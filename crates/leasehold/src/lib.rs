@@ -30,15 +30,70 @@
 //!
 //! # Backends
 //!
-//! | backend | safety class | fencing token | status |
-//! |---|---|---|---|
-//! | [`MemoryBackend`] | exact within one process | process-wide counter | available |
-//! | Redis (single node) | efficiency | best-effort counter | planned (`redis` feature) |
-//! | Redlock | efficiency (timing assumptions) | none | planned (`redis` feature) |
-//! | PostgreSQL advisory locks | correctness | durable sequence | planned (`postgres` feature) |
-//! | etcd leases | correctness | key revision | planned (`etcd` feature) |
+//! | backend | URL schemes | safety class | fencing token | crate feature |
+//! |---|---|---|---|---|
+//! | [`MemoryBackend`] | `memory://` | exact within one process | process-wide counter | always |
+//! | Redis (single node, Cluster) | `redis`, `redis+unix`, `unix`, `redis-cluster` | efficiency | best-effort counter | `redis` |
+//! | Redlock | `redlock://h1,h2,h3` or `urls = [...]` | efficiency (timing assumptions) | none | `redis` |
+//! | PostgreSQL advisory locks | `postgres`, `postgresql` | correctness | durable sequence | `postgres` |
+//! | etcd leases | `etcd` (`etcds` with `etcd-tls`) | correctness | key revision | `etcd` |
+//!
+//! With a driver's feature on, its crate is re-exported as a module: `leasehold::redis`,
+//! `leasehold::postgres`, `leasehold::etcd`.
+//!
+//! # Choosing the backend by configuration
+//!
+//! [`LockConfig`] reads a TOML file (overridable by `LEASEHOLD_*` environment variables) and
+//! [builds](LockConfig::build) a [`Locker`]; moving between efficiency and correctness locks is
+//! then a configuration change. `require = "correctness"` refuses, at construction, a backend
+//! that cannot give consensus-grade safety and monotonic fencing tokens, and says why:
+//!
+//! ```
+//! use leasehold::{ErrorKind, LockConfig};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), leasehold::Error> {
+//! let config = LockConfig::from_toml_str(r#"
+//!     url = "memory://"
+//!     ttl = "10s"
+//!     wait = "2s"
+//! "#)?;
+//! let locker = config.build().await?;
+//! let lease = locker.acquire("reports/daily", config.wait_budget()).await?;
+//! lease.release().await?;
+//!
+//! let strict = config.clone().with_require(leasehold::Require::Correctness);
+//! let err = strict.build().await.unwrap_err();
+//! assert_eq!(err.kind(), ErrorKind::InvalidConfig);
+//! assert!(err.to_string().contains("only within one process"));
+//! # Ok(()) }
+//! ```
+//!
+//! An unknown URL scheme, or one whose feature is not compiled in, is an error that lists the
+//! [available schemes](available_schemes) and the feature to enable.
 //!
 //! This crate re-exports [`leasehold_core`], the contract every backend implements; see it for
 //! the details of each type.
 
+mod config;
+mod redact;
+mod registry;
+
+pub use config::{
+    BackendTable, BackoffConfig, DEFAULT_WAIT, DriftConfig, ENV_VARS, LockConfig, RenewalSetting,
+    Require,
+};
 pub use leasehold_core::*;
+pub use registry::{available_schemes, connect, scheme_feature};
+
+/// The Redis and Redlock driver (`redis` feature): see [`leasehold_redis`].
+#[cfg(feature = "redis")]
+pub use leasehold_redis as redis;
+
+/// The PostgreSQL driver (`postgres` feature): see [`leasehold_postgres`].
+#[cfg(feature = "postgres")]
+pub use leasehold_postgres as postgres;
+
+/// The etcd driver (`etcd` feature): see [`leasehold_etcd`].
+#[cfg(feature = "etcd")]
+pub use leasehold_etcd as etcd;

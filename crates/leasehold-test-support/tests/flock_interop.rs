@@ -3,7 +3,7 @@
 use std::process::Stdio;
 use std::time::Duration;
 
-use leasehold_cli::file::{FileBackend, FileConfig};
+use leasehold_core::{FileBackend, FileConfig};
 use leasehold_core::{LockKey, Locker};
 use leasehold_test_support::services::unique_prefix;
 

@@ -1,8 +1,8 @@
 //! The `file://` backend: operating-system file locks on one host, with a durable fencing
 //! counter kept beside each lock file.
 //!
-//! It is what `leasehold run --key nightly -- ./job.sh` uses when no URL is given: it needs no
-//! server, and it excludes across processes of one host (and across tasks of one process).
+//! It is what `leasehold run --key nightly -- ./job.sh` will use when no URL is given: it needs
+//! no server, and it excludes across processes of one host (and across tasks of one process).
 //!
 //! # How it works
 //!
@@ -11,7 +11,7 @@
 //!   holder that crashes or is killed releases at once.
 //! - After locking, the backend checks that the file it locked is still the one at the path (a
 //!   lock file deleted or replaced by hand would otherwise let a second holder in); it writes its
-//!   owner value into the lock file, for [`inspect`](leasehold_core::LockBackend::inspect).
+//!   owner value into the lock file, for [`inspect`](crate::LockBackend::inspect).
 //! - The fencing token is a counter in `<dir>/<name>.fence`, read, incremented and written back
 //!   with `fsync` while the lock is held: it strictly increases across holders, survives
 //!   restarts and crashes, and is never reset by the backend.
@@ -41,7 +41,7 @@
 //!
 //! The blocking file operations run on Tokio's blocking pool. An acquire whose future is dropped
 //! mid-flight closes the file it may have locked as soon as the blocking call returns, which
-//! releases the lock; a dropped [`Lease`](leasehold_core::Lease) closes its file in the
+//! releases the lock; a dropped [`Lease`](crate::Lease) closes its file in the
 //! background.
 
 use std::fmt;
@@ -53,11 +53,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use leasehold_core::{
+use crate::{
     Capabilities, DEFAULT_MAX_TTL, Error, ErrorKind, ExtendRequest, FencingKind, FencingToken,
     Grant, Held, HolderInfo, LeaseMonitor, LockBackend, LockKey, LockRequest, Owner, RenewalKind,
-    SafetyClass, Validity, WaitKind, Waited, async_trait,
+    SafetyClass, Validity, WaitKind, Waited,
 };
+use async_trait::async_trait;
 use sha2::{Digest, Sha256};
 use tokio::time::Instant;
 
@@ -173,8 +174,16 @@ struct Locked {
     _count: Count,
 }
 
-/// Counts live grants of a backend (for [`FileBackend::held_count`]).
+/// Counts live grants of a backend, and acquisitions that may still lock a file (for
+/// [`FileBackend::held_count`]).
 struct Count(Arc<Inner>);
+
+impl Count {
+    fn new(inner: &Arc<Inner>) -> Self {
+        inner.held.fetch_add(1, Ordering::SeqCst);
+        Self(Arc::clone(inner))
+    }
+}
 
 impl Drop for Count {
     fn drop(&mut self) {
@@ -230,7 +239,8 @@ impl FileBackend {
             .join(format!("{}.fence", file_name(key)))
     }
 
-    /// How many grants of this backend are held right now.
+    /// How many grants of this backend are held right now, counting acquisitions still taking
+    /// their file lock (an abandoned one lets go as soon as its blocking call returns).
     pub fn held_count(&self) -> usize {
         self.inner.held.load(Ordering::SeqCst)
     }
@@ -373,6 +383,9 @@ impl LockBackend for FileBackend {
             self.fence_path(req.key),
             req.owner.clone(),
         );
+        // Counted from before the file is locked: if this future is dropped, the blocking call
+        // still finishes, and the file and the count go together when its result is dropped.
+        let count = Count::new(&self.inner);
         let work = tokio::task::spawn_blocking(move || {
             let Some((mut file, id)) =
                 take(&lock).map_err(|e| io_error("cannot lock", &lock, &e))?
@@ -381,20 +394,19 @@ impl LockBackend for FileBackend {
             };
             write_owner(&mut file, &owner).map_err(|e| io_error("cannot write", &lock, &e))?;
             let token = next_token(&fence).map_err(|e| io_error("cannot update", &fence, &e))?;
-            Ok::<_, Error>(Some((file, id, token, lock)))
+            Ok::<_, Error>(Some((file, id, token, lock, count)))
         });
         let taken = work.await.map_err(|e| {
             Error::new(ErrorKind::Backend, NAME, format!("lock task failed: {e}"))
         })??;
-        let Some((file, identity, token, path)) = taken else {
+        let Some((file, identity, token, path, count)) = taken else {
             return Ok(None);
         };
-        self.inner.held.fetch_add(1, Ordering::SeqCst);
         let locked = Arc::new(Locked {
             file: Mutex::new(Some(file)),
             path,
             identity,
-            _count: Count(Arc::clone(&self.inner)),
+            _count: count,
         });
         self.watch(&locked, req.monitor, req.ttl);
         Ok(Some(
