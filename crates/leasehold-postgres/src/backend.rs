@@ -13,7 +13,6 @@ use leasehold_core::{
 use tokio::sync::OnceCell;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
-use tokio_postgres::NoTls;
 
 use crate::NAME;
 use crate::config::PostgresConfig;
@@ -74,7 +73,7 @@ impl Shared {
                 }
             }
         }
-        let s = Session::open(&self.cfg.pg, &self.seq_sql, &self.sequence_ready).await?;
+        let s = Session::open(&self.cfg, &self.seq_sql, &self.sequence_ready).await?;
         self.opened.fetch_add(1, Ordering::Relaxed);
         Ok(s)
     }
@@ -277,15 +276,15 @@ impl Drop for Pending {
 /// Sends a cancel request for the session's running statement when dropped armed: a dropped
 /// native wait must not stay queued on the server. The session itself is closed as well, so
 /// the cancel cannot hit a later statement.
-struct CancelOnDrop(Option<tokio_postgres::CancelToken>);
+struct CancelOnDrop(Option<crate::session::Canceller>);
 
 impl Drop for CancelOnDrop {
     fn drop(&mut self) {
-        if let Some(token) = self.0.take()
+        if let Some(canceller) = self.0.take()
             && let Ok(rt) = tokio::runtime::Handle::try_current()
         {
             drop(rt.spawn(async move {
-                if let Err(e) = token.cancel_query(NoTls).await {
+                if let Err(e) = canceller.cancel().await {
                     tracing::debug!(error = %e, "leasehold-postgres: cancel request failed");
                 }
             }));
@@ -447,7 +446,7 @@ impl LockBackend for PostgresBackend {
             self.shared.checkin(session);
             return Ok(Waited::new(None, 1));
         }
-        let mut cancel = CancelOnDrop(Some(session.cancel_token()));
+        let mut cancel = CancelOnDrop(Some(session.canceller()));
         let give_up = deadline.checked_add(WAIT_GRACE).unwrap_or(deadline);
         let waited = tokio::time::timeout_at(give_up, session.wait_lock(id, ms)).await;
         match waited {

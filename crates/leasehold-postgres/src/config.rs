@@ -2,12 +2,15 @@
 //! settings.
 
 use std::fmt;
+use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
 
 use leasehold_core::{Error, ErrorKind};
+use tokio_postgres::config::SslMode;
 
 use crate::NAME;
+use crate::tls::{self, Roots, Tls, TlsMode};
 
 /// The URL schemes this backend accepts.
 pub const SCHEMES: &[&str] = &["postgres", "postgresql"];
@@ -37,6 +40,8 @@ const OWN_PARAMS: &[&str] = &[
     "health_interval_ms",
     "health_timeout_ms",
     "max_idle_sessions",
+    "sslmode",
+    "sslrootcert",
 ];
 
 /// How [`PostgresBackend`](crate::PostgresBackend) connects and behaves.
@@ -62,15 +67,41 @@ const OWN_PARAMS: &[&str] = &[
 /// | `health_interval_ms` | 250 | period of the health check on each lock session |
 /// | `health_timeout_ms` | 500 | how long one health check may take |
 /// | `max_idle_sessions` | 8 | idle sessions kept for reuse (0: connect per acquire) |
-/// | `sslmode` | `prefer` | `disable` and `prefer` connect without TLS; `require`, `verify-ca` and `verify-full` are refused: this build has no TLS |
+/// | `sslmode` | `prefer` | see *TLS* below |
+/// | `sslrootcert` | system roots | PEM file of the CA certificate(s) to trust; `system`: the operating system's store |
 ///
 /// Unless the string sets them, TCP keepalives are on with a 15 s idle time, a 5 s interval
 /// and 3 probes, and connecting times out after 10 s.
+///
+/// # TLS
+///
+/// TLS is rustls with the *ring* provider (TLS 1.2 and 1.3). `sslmode`:
+///
+/// - `disable`, `allow`, `prefer` (the default): **no TLS**. Unlike libpq, `allow` and
+///   `prefer` never try TLS: an unverified, optional encryption protects against nothing an
+///   active attacker cannot undo, and leasehold does not pay a handshake for it. Ask for TLS
+///   explicitly.
+/// - `require`: encrypted, but the server's certificate is **not verified** (any certificate
+///   is accepted, as in libpq): protects against passive eavesdropping only. As in libpq,
+///   `require` together with an explicit `sslrootcert` file behaves as `verify-ca`.
+/// - `verify-ca`: encrypted; the certificate must chain to a trusted root (the `sslrootcert`
+///   file, else the system's roots); its host name is not checked.
+/// - `verify-full`: as `verify-ca`, and the certificate must name the host the connection
+///   string gives (`host`; a DNS name or an IP address, matched against the certificate's
+///   subject alternative names). With `hostaddr`, the name checked is still `host`.
+///
+/// The root file is read when the configuration is built: a missing, unreadable or empty
+/// file is an [`ErrorKind::InvalidConfig`] error then. A certificate that fails
+/// verification makes connecting fail with [`ErrorKind::Unavailable`] (the TLS error is in
+/// the message). Unix sockets never use TLS (as in libpq).
 ///
 /// `Debug` never shows the password.
 #[derive(Clone)]
 pub struct PostgresConfig {
     pub(crate) pg: tokio_postgres::Config,
+    pub(crate) tls_mode: TlsMode,
+    pub(crate) roots: Roots,
+    pub(crate) tls: Option<Tls>,
     pub(crate) prefix: String,
     pub(crate) fence_schema: String,
     pub(crate) fence_sequence: String,
@@ -90,6 +121,8 @@ impl fmt::Debug for PostgresConfig {
             .field("health_interval", &self.health_interval)
             .field("health_timeout", &self.health_timeout)
             .field("max_idle_sessions", &self.max_idle_sessions)
+            .field("sslmode", &self.tls_mode.as_str())
+            .field("roots", &self.roots)
             .finish()
     }
 }
@@ -123,17 +156,51 @@ impl PostgresConfig {
         for (key, value) in &params {
             cfg.apply(key, value)?;
         }
+        cfg.build_tls()?;
         cfg.validate()?;
         Ok(cfg)
     }
 
     /// Wraps an already built tokio-postgres configuration, with leasehold's defaults (its
-    /// keepalive settings are kept). Its `ssl_mode` must not be `require`: this build has no
-    /// TLS.
+    /// keepalive settings are kept). Its `ssl_mode` `require` means leasehold's `require`
+    /// (encrypted, certificate not verified; see *TLS* in the type's documentation); use
+    /// [`with_tls`](Self::with_tls) to verify the server.
     pub fn from_pg_config(pg: tokio_postgres::Config) -> Result<Self, Error> {
-        let cfg = Self::with_defaults(pg, &|_| true);
+        let mut cfg = Self::with_defaults(pg, &|_| true);
+        cfg.build_tls()?;
         cfg.validate()?;
         Ok(cfg)
+    }
+
+    /// Sets TLS as the `sslmode` and `sslrootcert` parameters would (see *TLS* in the type's
+    /// documentation); `root_cert` `None` means the system's roots. Reads the root file now.
+    pub fn with_tls(mut self, sslmode: &str, root_cert: Option<&Path>) -> Result<Self, Error> {
+        self.tls_mode = TlsMode::parse(sslmode)?;
+        self.roots = root_cert.map_or(Roots::System, |p| Roots::File(p.to_path_buf()));
+        self.build_tls()?;
+        self.validate()?;
+        Ok(self)
+    }
+
+    /// The effective `sslmode`: `disable`, `require`, `verify-ca` or `verify-full` (`allow`
+    /// and `prefer` read as `disable`; `require` with an `sslrootcert` file as `verify-ca`).
+    pub fn ssl_mode(&self) -> &'static str {
+        self.tls_mode.as_str()
+    }
+
+    /// Applies libpq's `require` + root file rule, sets tokio-postgres' own `sslmode` to
+    /// match and builds the rustls connector.
+    fn build_tls(&mut self) -> Result<(), Error> {
+        if self.tls_mode == TlsMode::Require && matches!(self.roots, Roots::File(_)) {
+            self.tls_mode = TlsMode::VerifyCa;
+        }
+        self.pg.ssl_mode(if self.tls_mode == TlsMode::Off {
+            SslMode::Disable
+        } else {
+            SslMode::Require
+        });
+        self.tls = tls::build(self.tls_mode, &self.roots)?;
+        Ok(())
     }
 
     /// Leasehold's defaults around `pg`; keepalive settings the user `given` are kept.
@@ -151,8 +218,16 @@ impl PostgresConfig {
         if pg.get_connect_timeout().is_none() {
             pg.connect_timeout(Duration::from_secs(10));
         }
+        let tls_mode = if pg.get_ssl_mode() == SslMode::Require {
+            TlsMode::Require
+        } else {
+            TlsMode::Off
+        };
         Self {
             pg,
+            tls_mode,
+            roots: Roots::System,
+            tls: None,
             prefix: String::new(),
             fence_schema: DEFAULT_FENCE_SCHEMA.to_owned(),
             fence_sequence: DEFAULT_FENCE_SEQUENCE.to_owned(),
@@ -181,6 +256,12 @@ impl PostgresConfig {
                     .parse()
                     .map_err(|_| invalid("max_idle_sessions must be a non-negative integer"))?;
             }
+            "sslmode" => self.tls_mode = TlsMode::parse(value)?,
+            "sslrootcert" if value == "system" => self.roots = Roots::System,
+            "sslrootcert" if value.is_empty() => {
+                return Err(invalid("sslrootcert must be a file path or `system`"));
+            }
+            "sslrootcert" => self.roots = Roots::File(PathBuf::from(value)),
             _ => {}
         }
         Ok(())
@@ -205,8 +286,10 @@ impl PostgresConfig {
         if self.health_interval.is_zero() || self.health_timeout.is_zero() {
             return Err(invalid("health interval and timeout must be positive"));
         }
-        if self.pg.get_ssl_mode() == tokio_postgres::config::SslMode::Require {
-            return Err(tls_unsupported());
+        if (self.pg.get_ssl_mode() == SslMode::Require) != self.tls.is_some() {
+            return Err(invalid(
+                "inconsistent TLS settings (tokio-postgres sslmode vs. leasehold's)",
+            ));
         }
         if self.pg.get_hosts().is_empty() {
             return Err(invalid("no host given"));
@@ -304,25 +387,6 @@ fn invalid(msg: impl Into<String>) -> Error {
     Error::new(ErrorKind::InvalidConfig, NAME, msg)
 }
 
-fn tls_unsupported() -> Error {
-    invalid(
-        "sslmode=require/verify-ca/verify-full: this build of leasehold-postgres has no TLS; \
-         use sslmode=disable or prefer (no encryption), or a unix socket",
-    )
-}
-
-/// Checks and normalises `sslmode`; `None` drops the parameter.
-fn ssl_mode(value: &str) -> Result<&'static str, Error> {
-    match value {
-        "disable" | "allow" => Ok("disable"),
-        "prefer" => Ok("prefer"),
-        "require" | "verify-ca" | "verify-full" => Err(tls_unsupported()),
-        _ => Err(invalid(
-            "sslmode must be disable, allow, prefer, require, verify-ca or verify-full",
-        )),
-    }
-}
-
 /// Double-quotes an identifier for SQL.
 pub(crate) fn quote_ident(ident: &str) -> String {
     format!("\"{}\"", ident.replace('"', "\"\""))
@@ -342,8 +406,6 @@ fn split_url(s: &str) -> Result<(String, Vec<(String, String)>), Error> {
         let key = percent_decode(k)?;
         if OWN_PARAMS.contains(&key.as_str()) {
             own.push((key, percent_decode(v)?));
-        } else if key == "sslmode" {
-            kept.push(format!("sslmode={}", ssl_mode(&percent_decode(v)?)?));
         } else {
             kept.push(pair.to_owned());
         }
@@ -387,8 +449,6 @@ fn split_key_values(s: &str) -> Result<(String, Vec<(String, String)>), Error> {
     for (key, value) in parse_key_values(s)? {
         if OWN_PARAMS.contains(&key.as_str()) {
             own.push((key, value));
-        } else if key == "sslmode" {
-            kept.push(format!("sslmode={}", ssl_mode(&value)?));
         } else {
             kept.push(format!(
                 "{key}='{}'",
@@ -496,10 +556,43 @@ mod tests {
     }
 
     #[test]
+    fn ssl_modes() -> Result<(), Error> {
+        for (s, mode, pg) in [
+            ("postgres://u@h/d", "disable", SslMode::Disable),
+            (
+                "postgres://u@h/d?sslmode=prefer",
+                "disable",
+                SslMode::Disable,
+            ),
+            (
+                "postgres://u@h/d?sslmode=allow",
+                "disable",
+                SslMode::Disable,
+            ),
+            (
+                "postgres://u@h/d?sslmode=require",
+                "require",
+                SslMode::Require,
+            ),
+            ("host=h user=u sslmode=require", "require", SslMode::Require),
+        ] {
+            let c = PostgresConfig::from_url(s)?;
+            assert_eq!(c.ssl_mode(), mode, "{s}");
+            assert_eq!(c.pg.get_ssl_mode(), pg, "{s}");
+            assert_eq!(c.tls.is_some(), mode != "disable", "{s}");
+        }
+        let mut pg = tokio_postgres::Config::new();
+        pg.host("h").ssl_mode(SslMode::Require);
+        assert_eq!(PostgresConfig::from_pg_config(pg)?.ssl_mode(), "require");
+        Ok(())
+    }
+
+    #[test]
     fn bad_configs_are_typed_and_do_not_echo_secrets() {
         for s in [
-            "postgres://u:hunter2@h/db?sslmode=verify-full",
-            "postgres://u:hunter2@h/db?sslmode=require",
+            "postgres://u:hunter2@h/db?sslmode=verify-full&sslrootcert=/nonexistent/ca.pem",
+            "postgres://u:hunter2@h/db?sslmode=bogus",
+            "postgres://u:hunter2@h/db?sslrootcert=",
             "postgres://u:hunter2@h/db?health_interval_ms=0",
             "postgres://u:hunter2@h/db?fence_sequence=",
             "postgres://u:hunter2@h/db?bogus=1",

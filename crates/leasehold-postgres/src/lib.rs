@@ -38,6 +38,10 @@
 //!   check plus `health_interval + health_timeout` (the *validity window*, 750 ms by default);
 //!   a failed check fires the lease's lost signal and closes the session. TCP keepalives are
 //!   on (15 s idle, 5 s interval, 3 probes) unless the connection string says otherwise.
+//! - **TLS via rustls** (ring provider): `sslmode=require|verify-ca|verify-full` with
+//!   `sslrootcert=<PEM file>` (else the system's roots). `verify-full` checks the chain and
+//!   the host name (DNS name or IP address); cancel requests use the same TLS settings. See
+//!   [`PostgresConfig`] for the exact semantics of each mode.
 //!
 //! Capabilities: [`SafetyClass::Correctness`](leasehold_core::SafetyClass::Correctness),
 //! [`FencingKind::Monotonic`](leasehold_core::FencingKind::Monotonic),
@@ -70,16 +74,25 @@
 //!   writes in between is only stopped by a **fencing token checked by the resource**.
 //! - Advisory locks are only advisory: code that doesn't ask for the lock is not stopped.
 //! - Connection poolers in *transaction* mode (pgbouncer `pool_mode = transaction`) hand each
-//!   transaction to any server session: session locks are meaningless through them. Connect
-//!   the backend directly (or through session-mode pooling), or use the transaction mode,
+//!   transaction to any server session: **session mode through them is unsafe and not
+//!   supported**. A session lock taken through such a pooler belongs to a pooled server
+//!   connection, not to the client: it outlives the client that took it (the
+//!   `session_lock_through_pgbouncer_outlives_its_client` test shows it), another client may
+//!   later run on that server connection and "hold" it too, and the health check proves
+//!   nothing about the lock's session. The backend does not detect poolers (pgbouncer is
+//!   invisible to the protocol); pointing it at one is a configuration error. Connect the
+//!   backend directly (or through session-mode pooling), or use the transaction mode,
 //!   [`PostgresBackend::lock_xact`], which takes `pg_advisory_xact_lock` inside your own
 //!   transaction (released at its commit or rollback) with a fencing token from the same
-//!   transaction.
+//!   transaction, and works through pgbouncer in transaction mode (tested).
 //! - A network partition that hides a dead server leaves the lock held *on the server* until
 //!   the server notices the dead client (its own keepalives); the holder is told it lost the
 //!   lease when the health check times out.
-//! - No TLS in this build: `sslmode=require|verify-ca|verify-full` are refused (see
-//!   [`PostgresConfig`]).
+//! - `sslmode=require` encrypts but does **not** authenticate the server (any certificate is
+//!   accepted): it stops passive eavesdroppers, not an active man in the middle. Use
+//!   `verify-full` (with `sslrootcert=<CA file>` for a private CA) to know whom you talk to.
+//!   `prefer` (the default) and `allow` do not use TLS at all. See *TLS* in
+//!   [`PostgresConfig`].
 //!
 //! # Key mapping
 //!
@@ -92,7 +105,8 @@
 //!   `PgAdvisoryLock::new(prefix + k)` uses: HKDF-SHA256 (RFC 5869) without salt, input key
 //!   material the UTF-8 bytes of the name, info `SQLx (Rust) Postgres advisory lock`, 8 bytes
 //!   of output read as a little-endian `i64`. A sqlx application locking the same name
-//!   excludes a leasehold application and vice versa. The prefix is empty unless configured.
+//!   excludes a leasehold application and vice versa (tested against sqlx 0.9's
+//!   `PgAdvisoryLock` in both directions). The prefix is empty unless configured.
 //!
 //! [`PostgresBackend::lock_id`] gives the number for a key. `pg_locks` shows it as
 //! `locktype = 'advisory'`, `classid` = the high 32 bits, `objid` = the low 32 bits,
@@ -149,6 +163,7 @@ mod config;
 mod gate;
 mod key;
 mod session;
+mod tls;
 mod xact;
 
 pub use backend::PostgresBackend;

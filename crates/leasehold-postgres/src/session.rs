@@ -6,9 +6,12 @@ use std::sync::Arc;
 use leasehold_core::{Error, ErrorKind};
 use tokio::sync::{OnceCell, watch};
 use tokio_postgres::error::SqlState;
-use tokio_postgres::{CancelToken, Client, NoTls, Statement};
+use tokio_postgres::tls::MakeTlsConnect;
+use tokio_postgres::{CancelToken, Client, NoTls, Socket, Statement};
 
 use crate::NAME;
+use crate::config::PostgresConfig;
+use crate::tls::Tls;
 
 /// The prepared statements every session carries.
 #[derive(Debug)]
@@ -30,8 +33,45 @@ pub(crate) struct Session {
     client: Arc<Client>,
     stmts: Arc<Statements>,
     closed: watch::Receiver<bool>,
+    /// The TLS connector the session was opened with (cancel requests need it too).
+    tls: Option<Tls>,
     /// Whether it was just opened (not taken from the idle pool).
     pub(crate) fresh: bool,
+}
+
+/// Sends a cancel request for a session's running statement, over TLS if the session uses it.
+pub(crate) struct Canceller {
+    token: CancelToken,
+    tls: Option<Tls>,
+}
+
+impl Canceller {
+    pub(crate) async fn cancel(self) -> Result<(), tokio_postgres::Error> {
+        match self.tls {
+            Some(tls) => self.token.cancel_query(tls.connector).await,
+            None => self.token.cancel_query(NoTls).await,
+        }
+    }
+}
+
+/// Connects and spawns the connection task; the receiver turns `true` when it ends.
+async fn connect_with<T>(
+    pg: &tokio_postgres::Config,
+    tls: T,
+) -> Result<(Client, watch::Receiver<bool>), tokio_postgres::Error>
+where
+    T: MakeTlsConnect<Socket>,
+    T::Stream: Send + 'static,
+{
+    let (client, connection) = pg.connect(tls).await?;
+    let (tx, closed) = watch::channel(false);
+    tokio::spawn(async move {
+        if let Err(e) = connection.await {
+            tracing::debug!(error = %e, "leasehold-postgres: session ended with an error");
+        }
+        tx.send_replace(true);
+    });
+    Ok((client, closed))
 }
 
 /// A handle for running health checks without owning the session.
@@ -55,21 +95,16 @@ impl Session {
     /// Opens a session and prepares its statements (one pipelined round trip after login).
     /// The first session of a backend creates the fencing sequence if it is missing.
     pub(crate) async fn open(
-        pg: &tokio_postgres::Config,
+        cfg: &PostgresConfig,
         seq_sql: &str,
         sequence_ready: &OnceCell<()>,
     ) -> Result<Self, Error> {
-        let (client, connection) = pg
-            .connect(NoTls)
-            .await
-            .map_err(|e| pg_error("connect", e))?;
-        let (tx, closed) = watch::channel(false);
-        tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::debug!(error = %e, "leasehold-postgres: session ended with an error");
-            }
-            tx.send_replace(true);
-        });
+        let tls = cfg.tls.clone();
+        let connected = match &tls {
+            Some(tls) => connect_with(&cfg.pg, tls.connector.clone()).await,
+            None => connect_with(&cfg.pg, NoTls).await,
+        };
+        let (client, closed) = connected.map_err(|e| connect_error(cfg, e))?;
         sequence_ready
             .get_or_try_init(|| create_sequence(&client, seq_sql))
             .await?;
@@ -94,6 +129,7 @@ impl Session {
                 ping,
             }),
             closed,
+            tls,
             fresh: true,
         })
     }
@@ -114,8 +150,11 @@ impl Session {
         }
     }
 
-    pub(crate) fn cancel_token(&self) -> CancelToken {
-        self.client.cancel_token()
+    pub(crate) fn canceller(&self) -> Canceller {
+        Canceller {
+            token: self.client.cancel_token(),
+            tls: self.tls.clone(),
+        }
     }
 
     /// One round trip: the lock if free, with its fencing token; `None` if held elsewhere.
@@ -192,6 +231,27 @@ async fn create_sequence(client: &Client, seq_sql: &str) -> Result<(), Error> {
     }
 }
 
+/// A failed connect; with TLS the message says which `sslmode` was in force, since a
+/// certificate that fails verification shows up as an I/O error of the handshake.
+/// tokio-postgres' own message omits the cause (e.g. the rustls verdict), so its source chain
+/// is appended (none of it carries a password).
+fn connect_error(cfg: &PostgresConfig, e: tokio_postgres::Error) -> Error {
+    let mut what = if cfg.tls.is_some() {
+        format!("connect (sslmode={})", cfg.ssl_mode())
+    } else {
+        "connect".to_owned()
+    };
+    let mut causes = String::new();
+    let mut source = std::error::Error::source(&e);
+    while let Some(cause) = source {
+        causes.push_str(&format!(": {cause}"));
+        source = cause.source();
+    }
+    let kind = classify(&e);
+    what.push_str(&format!(": {e}{causes}"));
+    Error::new(kind, NAME, what).with_source(e)
+}
+
 /// Whether the error is PostgreSQL's "lock timeout" (SQLSTATE 55P03, lock_not_available).
 pub(crate) fn is_lock_timeout(e: &tokio_postgres::Error) -> bool {
     e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE)
@@ -254,8 +314,8 @@ mod tests {
         let pg = require_service!(Service::Postgres);
         let cfg = PostgresConfig::from_url(pg.url()).unwrap();
         let (ready, seq) = (OnceCell::new(), cfg.fence_sequence_sql());
-        let a = Session::open(&cfg.pg, &seq, &ready).await.unwrap();
-        let b = Session::open(&cfg.pg, &seq, &ready).await.unwrap();
+        let a = Session::open(&cfg, &seq, &ready).await.unwrap();
+        let b = Session::open(&cfg, &seq, &ready).await.unwrap();
         let id: i64 = rand::random();
         assert!(b.try_lock(id).await.unwrap().is_some());
         assert_eq!(a.show("lock_timeout").await.unwrap(), "0");

@@ -22,6 +22,12 @@ impl PostgresBackend {
     ///
     /// Everything runs in `tx` with unnamed statements, so it works behind a pooler in
     /// transaction mode (pgbouncer `pool_mode = transaction`), where session locks do not.
+    /// Through such a pooler, use only this method of the backend (its session-mode methods
+    /// would open sessions through the pooler; see the crate documentation).
+    ///
+    /// The fencing sequence must exist: it is created by the first session the backend opens
+    /// (e.g. [`PostgresBackend::connect`] on a direct connection), not by this method, which
+    /// runs no DDL in your transaction.
     ///
     /// Waiting uses `SAVEPOINT` + `SET LOCAL lock_timeout` + `pg_advisory_xact_lock`; a timeout
     /// rolls back to the savepoint, so `tx` stays usable and keeps its previous

@@ -1,0 +1,189 @@
+//! TLS (`sslmode`, `sslrootcert`) against the real PostgreSQL of `scripts/services`, which
+//! serves TLS and plain TCP on one port with a certificate for `127.0.0.1` and `localhost`
+//! signed by the harness's throwaway CA (`LEASEHOLD_TEST_TLS_CA`).
+
+mod common;
+
+use std::path::PathBuf;
+
+use leasehold_core::{ErrorKind, LockKey, Locker};
+use leasehold_postgres::{PostgresBackend, PostgresConfig};
+use leasehold_test_support::require_service;
+use leasehold_test_support::services::{self, Service, unique_prefix};
+use tokio_postgres::Client;
+
+/// The CA file, or a failure under CI / a skip locally (like `require_service!`).
+fn ca() -> Option<PathBuf> {
+    let ca = services::tls_ca();
+    if ca.is_none() {
+        assert!(
+            !services::is_ci(),
+            "{} not set under CI: run scripts/services up",
+            services::TLS_CA_VAR
+        );
+        eprintln!(
+            "SKIPPED: {} not set (run scripts/services up)",
+            services::TLS_CA_VAR
+        );
+    }
+    ca
+}
+
+/// `URL?params` with the test's application name (to find its sessions in pg_stat_ssl).
+fn url_with(url: &str, params: &str) -> String {
+    let sep = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{sep}{params}")
+}
+
+/// Whether every session of `app` uses TLS; fails if it has none.
+async fn sessions_use_tls(admin: &Client, app: &str) -> Result<bool, common::BoxError> {
+    let rows = admin
+        .query(
+            "SELECT s.ssl FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) \
+             WHERE a.application_name = $1",
+            &[&app],
+        )
+        .await?;
+    if rows.is_empty() {
+        return Err(format!("no session of {app}").into());
+    }
+    Ok(rows.iter().all(|r| r.get::<_, bool>(0)))
+}
+
+/// A lock round trip through `backend`: acquire, check the token, release.
+async fn lock_cycle(backend: PostgresBackend, key: &str) -> Result<(), common::BoxError> {
+    let locker = Locker::new(backend);
+    let lease = locker
+        .try_acquire(&LockKey::new(key)?)
+        .await?
+        .ok_or("free key not granted")?;
+    assert!(lease.fencing_token().is_some());
+    assert!(lease.release().await?);
+    Ok(())
+}
+
+#[tokio::test]
+async fn verify_full_with_the_ca_connects_encrypted() -> Result<(), common::BoxError> {
+    let pg = require_service!(Service::Postgres, Ok(()));
+    let Some(ca) = ca() else { return Ok(()) };
+    let admin = common::admin(pg.url()).await?;
+    // 127.0.0.1 matches the certificate's IP SAN; `localhost` its DNS SAN.
+    for url in [
+        pg.url().to_owned(),
+        pg.url().replace("@127.0.0.1:", "@localhost:"),
+    ] {
+        let app = unique_prefix("pg-tls-full");
+        let cfg = common::config(
+            &url_with(
+                &url,
+                &format!("sslmode=verify-full&sslrootcert={}", ca.display()),
+            ),
+            &app,
+        )?;
+        assert_eq!(cfg.ssl_mode(), "verify-full");
+        let backend = PostgresBackend::connect(cfg).await?;
+        lock_cycle(backend.clone(), &format!("{app}/k")).await?;
+        assert!(sessions_use_tls(&admin, &app).await?, "{url}: not TLS");
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn verify_full_rejects_a_wrong_host_name_and_verify_ca_does_not()
+-> Result<(), common::BoxError> {
+    let pg = require_service!(Service::Postgres, Ok(()));
+    let Some(ca) = ca() else { return Ok(()) };
+    let url: tokio_postgres::Config = pg.url().parse()?;
+    let port = url.get_ports().first().copied().ok_or("no port")?;
+    // Connect to 127.0.0.1 but expect the certificate to name `wrong.invalid`.
+    let conninfo = |mode: &str| {
+        format!(
+            "host=wrong.invalid hostaddr=127.0.0.1 port={port} user=leasehold password=leasehold \
+             dbname=leasehold sslmode={mode} sslrootcert='{}'",
+            ca.display()
+        )
+    };
+    let err = PostgresBackend::connect(PostgresConfig::from_url(&conninfo("verify-full"))?)
+        .await
+        .err()
+        .ok_or("verify-full accepted a certificate for another name")?;
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    let msg = err.to_string();
+    assert!(msg.contains("sslmode=verify-full"), "{msg}");
+    assert!(msg.contains("not valid for name"), "{msg}");
+    assert!(!msg.contains("password=leasehold"), "{msg}");
+
+    // verify-ca checks the chain only: same name, accepted.
+    let app = unique_prefix("pg-tls-ca");
+    let cfg = PostgresConfig::from_url(&conninfo("verify-ca"))?.with_application_name(&app);
+    assert_eq!(cfg.ssl_mode(), "verify-ca");
+    lock_cycle(PostgresBackend::connect(cfg).await?, &format!("{app}/k")).await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn verify_full_without_the_ca_fails_clearly() -> Result<(), common::BoxError> {
+    let pg = require_service!(Service::Postgres, Ok(()));
+    if ca().is_none() {
+        return Ok(());
+    }
+    // System roots (no sslrootcert) do not know the throwaway CA.
+    let result = match PostgresConfig::from_url(&url_with(pg.url(), "sslmode=verify-full")) {
+        // No system roots at all: refused when configuring.
+        Err(e) => Err(e),
+        Ok(cfg) => PostgresBackend::connect(cfg).await.map(drop),
+    };
+    let err = result.err().ok_or("verify-full trusted an unknown CA")?;
+    assert!(
+        matches!(
+            err.kind(),
+            ErrorKind::Unavailable | ErrorKind::InvalidConfig
+        ),
+        "{err}"
+    );
+    let msg = err.to_string();
+    assert!(
+        msg.contains("UnknownIssuer") || msg.contains("root certificates"),
+        "{msg}"
+    );
+
+    // A missing root file is a configuration error, naming the file, before any connect.
+    let err = PostgresConfig::from_url(&url_with(
+        pg.url(),
+        "sslmode=verify-full&sslrootcert=/nonexistent/leasehold-ca.pem",
+    ))
+    .err()
+    .ok_or("a missing sslrootcert was accepted")?;
+    assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{err}");
+    assert!(err.to_string().contains("/nonexistent/leasehold-ca.pem"));
+    Ok(())
+}
+
+#[tokio::test]
+async fn require_encrypts_without_verifying_and_disable_stays_plain() -> Result<(), common::BoxError>
+{
+    let pg = require_service!(Service::Postgres, Ok(()));
+    let admin = common::admin(pg.url()).await?;
+
+    let app = unique_prefix("pg-tls-req");
+    let cfg = common::config(&url_with(pg.url(), "sslmode=require"), &app)?;
+    assert_eq!(cfg.ssl_mode(), "require");
+    let backend = PostgresBackend::connect(cfg).await?;
+    lock_cycle(backend.clone(), &format!("{app}/k")).await?;
+    assert!(sessions_use_tls(&admin, &app).await?, "require: not TLS");
+    drop(backend);
+
+    for mode in ["disable", "prefer"] {
+        let app = unique_prefix("pg-tls-off");
+        let cfg = common::config(&url_with(pg.url(), &format!("sslmode={mode}")), &app)?;
+        assert_eq!(cfg.ssl_mode(), "disable");
+        let backend = PostgresBackend::connect(cfg).await?;
+        lock_cycle(backend.clone(), &format!("{app}/k")).await?;
+        assert!(
+            !sessions_use_tls(&admin, &app).await?,
+            "sslmode={mode} used TLS"
+        );
+        drop(backend);
+    }
+    Ok(())
+}
