@@ -52,8 +52,9 @@ impl fmt::Debug for EtcdBackend {
 }
 
 impl EtcdBackend {
-    /// Connects to etcd and, in [`LeaseMode::Session`], grants the session lease (so a wrong
-    /// address or password shows here, not at the first lock).
+    /// Connects to etcd, checks that the key prefix can be read, and, in
+    /// [`LeaseMode::Session`], grants the session lease (so a wrong address, password or
+    /// missing permission shows here, not at the first lock).
     pub async fn connect(config: EtcdConfig) -> Result<Self, Error> {
         config.validate()?;
         let mut opts = ConnectOptions::new()
@@ -61,7 +62,12 @@ impl EtcdBackend {
             .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2))
             .with_require_leader(true);
         if let Some(user) = &config.user {
-            opts = opts.with_user(user.clone(), config.password.clone().unwrap_or_default());
+            // etcd's auth tokens expire when unused for a while (5 min by default), and a
+            // session that only sends keep-alives does not use its token: re-authenticate
+            // when etcd says the token is invalid, instead of failing the next lock.
+            opts = opts
+                .with_user(user.clone(), config.password.clone().unwrap_or_default())
+                .with_auto_token_refresh(true);
         }
         #[allow(unused_mut)]
         let mut endpoints = config.endpoints.clone();
@@ -101,23 +107,21 @@ impl EtcdBackend {
                 local: Mutex::new(HashMap::new()),
             }),
         };
-        match backend.inner.config.lease_mode {
-            LeaseMode::Session => {
-                backend.inner.session().await?;
+        // A read under the prefix: a wrong address, a missing user or a user without access
+        // to the prefix shows here, not at the first lock (etcd grants leases to anyone).
+        let kv = backend.inner.client.kv_client();
+        let prefix = backend.inner.config.prefix.clone();
+        with_timeout(backend.inner.config.request_timeout, "probe", || {
+            let (mut kv, prefix) = (kv.clone(), prefix.clone());
+            async move {
+                kv.get(prefix, Some(GetOptions::new().with_count_only()))
+                    .await
             }
-            LeaseMode::PerLock => {
-                let kv = backend.inner.client.kv_client();
-                let prefix = backend.inner.config.prefix.clone();
-                with_timeout(backend.inner.config.request_timeout, "probe", || {
-                    let (mut kv, prefix) = (kv.clone(), prefix.clone());
-                    async move {
-                        kv.get(prefix, Some(GetOptions::new().with_count_only()))
-                            .await
-                    }
-                })
-                .await
-                .map_err(|e| e.into_core("reaching etcd"))?;
-            }
+        })
+        .await
+        .map_err(|e| e.into_core("reaching etcd"))?;
+        if backend.inner.config.lease_mode == LeaseMode::Session {
+            backend.inner.session().await?;
         }
         Ok(backend)
     }
@@ -385,6 +389,11 @@ impl Job {
     /// Returns the fencing token (our key's create revision) if granted; `Ok(None)` when not
     /// granted or when our caller went away (then `run` cleans up).
     async fn attempt(&mut self, tx: &mut Answer) -> Result<Option<i64>, Error> {
+        // Our caller may be gone already (this task runs apart from it): then send nothing,
+        // rather than write a key only to delete it again.
+        if tx.is_closed() {
+            return Ok(None);
+        }
         let session = match &self.session {
             Some(s) => Arc::clone(s),
             None => {
@@ -417,6 +426,9 @@ impl Job {
                     ])
                     .and_then([put])
                     .or_else([TxnOp::get(key.clone(), None)]);
+                if tx.is_closed() {
+                    return Ok(None);
+                }
                 self.created = true;
                 let resp = self
                     .inner
@@ -443,6 +455,9 @@ impl Job {
                     .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
                     .and_then([put, TxnOp::get(self.prefix.clone(), Some(first_created()))])
                     .or_else([TxnOp::get(key.clone(), None)]);
+                if tx.is_closed() {
+                    return Ok(None);
+                }
                 self.created = true;
                 let resp = self
                     .inner
@@ -834,6 +849,7 @@ impl EtcdError {
         let kind = match &self {
             Self::Timeout(..) => ErrorKind::Unavailable,
             Self::Protocol(_) => ErrorKind::Backend,
+            Self::Client(e) if is_auth_refusal(e) => ErrorKind::InvalidConfig,
             Self::Client(e) => match e {
                 etcd_client::Error::GRpcStatus(s) => match i32::from(s.code()) {
                     // permission denied, unauthenticated
@@ -854,6 +870,22 @@ impl EtcdError {
         };
         let msg = format!("{what}: {self}");
         Error::new(kind, NAME, msg).with_source(self)
+    }
+}
+
+/// Whether etcd refused the credentials (or their absence): a configuration problem, which
+/// retrying does not fix. etcd reports these with generic codes, so its messages (stable
+/// strings of its `rpctypes`) tell them apart.
+fn is_auth_refusal(e: &etcd_client::Error) -> bool {
+    const REFUSALS: [&str; 4] = [
+        "etcdserver: authentication failed, invalid user ID or password",
+        "etcdserver: user name is empty",
+        "etcdserver: authentication is not enabled",
+        "etcdserver: user name not found",
+    ];
+    match e {
+        etcd_client::Error::GRpcStatus(s) => REFUSALS.iter().any(|m| s.message().contains(m)),
+        _ => false,
     }
 }
 

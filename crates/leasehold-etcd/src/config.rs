@@ -35,7 +35,8 @@ pub enum LeaseMode {
 #[derive(Clone, Default)]
 #[non_exhaustive]
 pub struct TlsConfig {
-    /// PEM of the CA that signed the servers' certificates; `None` trusts nothing, so set it.
+    /// PEM of the CA that signed the servers' certificates. Required: no system roots are
+    /// used, so [`EtcdConfig::validate`] refuses TLS without it.
     pub ca_pem: Option<Vec<u8>>,
     /// The server name to verify, when it differs from the endpoint's host.
     pub domain: Option<String>,
@@ -126,8 +127,9 @@ impl EtcdConfig {
     ///
     /// Options: `prefix` (the key prefix, may be empty), `lease` (`session` or `per-lock`),
     /// `session_ttl` (seconds), `timeout_ms` (request timeout), `connect_timeout_ms`. With the
-    /// `tls` feature, `etcds://` turns TLS on and takes `ca` (path of a PEM CA file) and
-    /// `domain`. User and password may be percent-encoded. Errors never repeat the password.
+    /// `tls` feature, `etcds://` turns TLS on and takes `ca` (path of a PEM CA file,
+    /// required) and `domain`. User and password may be percent-encoded. Errors never repeat
+    /// the password.
     pub fn from_url(url: &str) -> Result<Self, Error> {
         let (scheme, rest) = url
             .split_once("://")
@@ -293,9 +295,29 @@ impl EtcdConfig {
         if self.prefix.contains('\0') {
             return Err(invalid("the key prefix contains a NUL byte"));
         }
+        #[cfg(feature = "tls")]
+        if let Some(tls) = &self.tls {
+            // This crate's rustls has no built-in or system roots: without the CA, no server
+            // certificate could ever be verified, so say so now rather than at the handshake.
+            let Some(ca) = &tls.ca_pem else {
+                return Err(invalid(
+                    "TLS needs the CA certificate that signed the etcd servers' certificates: \
+                     add ca=/path/to/ca.pem to the etcds:// URL (or set TlsConfig::ca_pem); \
+                     no system roots are used",
+                ));
+            };
+            if !ca.windows(CERT_PEM.len()).any(|w| w == CERT_PEM.as_bytes()) {
+                return Err(invalid(
+                    "the TLS CA holds no PEM certificate (-----BEGIN CERTIFICATE-----)",
+                ));
+            }
+        }
         Ok(())
     }
 }
+
+#[cfg(feature = "tls")]
+const CERT_PEM: &str = "-----BEGIN CERTIFICATE-----";
 
 fn invalid(msg: impl Into<String>) -> Error {
     Error::new(ErrorKind::InvalidConfig, NAME, msg)
@@ -379,5 +401,29 @@ mod tests {
             EtcdConfig::from_url("etcds://h:1").err().map(|e| e.kind()),
             Some(ErrorKind::InvalidConfig)
         );
+    }
+
+    #[cfg(feature = "tls")]
+    #[test]
+    fn tls_needs_a_ca_certificate() {
+        let e = EtcdConfig::from_url("etcds://u:hunter2@h:1").unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidConfig);
+        assert!(e.to_string().contains("ca="), "{e}");
+        assert!(!e.to_string().contains("hunter2"), "{e}");
+        let tls = TlsConfig {
+            ca_pem: Some(b"junk".to_vec()),
+            ..TlsConfig::default()
+        };
+        let e = EtcdConfig::new(["h:1"])
+            .with_tls(tls)
+            .validate()
+            .unwrap_err();
+        assert!(e.to_string().contains("no PEM certificate"), "{e}");
+        let pem = b"-----BEGIN CERTIFICATE-----\nMII=\n-----END CERTIFICATE-----\n";
+        let tls = TlsConfig {
+            ca_pem: Some(pem.to_vec()),
+            ..TlsConfig::default()
+        };
+        EtcdConfig::new(["h:1"]).with_tls(tls).validate().unwrap();
     }
 }

@@ -88,17 +88,19 @@
 //! request's, rounded up to whole seconds), revoked on release: independent expiry, two more
 //! writes per lock (grant and revoke).
 //!
-//! Measured on the project's loopback servers (etcd 3.4, 200 interleaved acquire + release
-//! cycles, `cargo run -p leasehold-etcd --example cycle`): the session-lease cycle costs
-//! 1.02× the raw Lock + Unlock RPCs on a shared lease on one member (9.8 vs 9.6 ms) and 0.95× on
-//! the 3-member cluster (25.7 vs 27.1 ms); a lease per lock costs 1.40× and 1.25× (its revoke
-//! runs in the background, outside the measured cycle).
+//! Measured on the project's loopback servers (etcd 3.4; `cargo run --release -p
+//! leasehold-bench -- etcd`: 300 interleaved acquire + release cycles of each kind, p50, on a
+//! shared 2-core machine): the session-lease cycle costs 1.03–1.08× etcd's raw Lock + Unlock
+//! RPCs on a shared kept-alive lease on one member (about 1.6–2.6 ms) and 1.04–1.05× on the
+//! 3-member cluster (about 5.3 ms); a lease per lock costs about 1.9–2.0× (its revoke runs in
+//! the background, outside the measured cycle), as does a raw cycle that grants and revokes
+//! a lease per lock.
 //!
 //! # Cancellation and drop
 //!
 //! - The etcd part of every acquisition runs in a task of its own, so a request that was sent is
-//!   never abandoned half-way (a request future dropped before it is sent is never sent, and
-//!   one dropped after may still land). If the acquire future is dropped, the task finishes the
+//!   never abandoned half-way (the task checks, before each first write, that its caller is
+//!   still there, and sends nothing if not; a write sent before the drop may still land). If the acquire future is dropped, the task finishes the
 //!   request, then deletes the key it created (waiting or granted), and only then frees the
 //!   in-process permit. The [`Locker`](leasehold_core::Locker) also releases by owner value.
 //! - Dropping a waiting acquire therefore deletes our waiter key in the background; the waiter
