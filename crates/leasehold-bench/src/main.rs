@@ -10,6 +10,8 @@
 //! shared and noisy. Results print as Markdown and are written, with an SVG chart, to the
 //! output folder (default `target/bench`).
 
+mod etcd_bench;
+mod pg_bench;
 mod redis_bench;
 mod report;
 mod stats;
@@ -55,6 +57,26 @@ enum Suite {
         )]
         scenarios: Vec<String>,
     },
+    /// etcd (single member and 3-member cluster) against its raw Lock + Unlock RPCs, on a
+    /// shared lease and on a lease per lock.
+    Etcd {
+        /// Sequential cycles per implementation and deployment.
+        #[arg(long, default_value_t = 300)]
+        iterations: usize,
+        /// Which deployments to run (comma-separated): single, cluster.
+        #[arg(long, value_delimiter = ',', default_value = "single,cluster")]
+        deployments: Vec<String>,
+    },
+    /// PostgreSQL advisory locks against the raw prepared try-lock + unlock cycle and sqlx's
+    /// `PgAdvisoryLock`, over TCP and the unix socket.
+    Postgres {
+        /// Sequential cycles per implementation and transport.
+        #[arg(long, default_value_t = 2_000)]
+        iterations: usize,
+        /// Which transports to run (comma-separated): tcp, unix.
+        #[arg(long, value_delimiter = ',', default_value = "tcp,unix")]
+        transports: Vec<String>,
+    },
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -76,12 +98,29 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: &Cli) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    if let Suite::Etcd {
+        iterations,
+        ref deployments,
+    } = cli.suite
+    {
+        return etcd_bench::main(cli, etcd_bench::Params { iterations }, deployments);
+    }
+    if let Suite::Postgres {
+        iterations,
+        ref transports,
+    } = cli.suite
+    {
+        return pg_bench::main(cli, pg_bench::Params { iterations }, transports);
+    }
     let Suite::Redis {
         iterations,
         contention_secs,
         throughput_secs,
         ref scenarios,
-    } = cli.suite;
+    } = cli.suite
+    else {
+        unreachable!("every other suite returned above");
+    };
     for s in scenarios {
         if !redis_bench::SCENARIOS.contains(&s.as_str()) {
             return Err(format!(

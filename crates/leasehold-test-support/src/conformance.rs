@@ -761,14 +761,23 @@ pub async fn cancellation(t: &Target) -> Result<(), Failure> {
         .map_err(|e| Failure::new(CHECK, format!("churn task panicked: {e}")))?;
 
     let settle_by = Instant::now() + t.settle;
+    // Background clean-ups may still be landing: nothing must be held for a few samples in a
+    // row, not just once.
+    let mut quiet = 0;
     loop {
         let held = match &t.held {
             Some(hook) => op(CHECK, "held hook", hook().await)?,
             None => usize::from(op(CHECK, "inspect", t.primary.inspect(&key).await)?.is_some()),
         };
         if held == 0 {
-            break;
+            quiet += 1;
+            if quiet == 3 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
         }
+        quiet = 0;
         ensure!(
             CHECK,
             Instant::now() < settle_by,
