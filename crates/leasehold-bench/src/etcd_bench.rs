@@ -2,8 +2,6 @@
 //! kept-alive lease and on a lease granted and revoked per lock, on the single member and on
 //! the 3-member cluster of `scripts/services`.
 
-use std::error::Error;
-use std::path::Path;
 use std::time::Duration;
 
 use etcd_client::{Client, LockOptions as RawLockOptions};
@@ -11,13 +9,11 @@ use leasehold_core::{LockOptions, Locker, Renewal};
 use leasehold_etcd::{EtcdBackend, EtcdConfig, LeaseMode};
 use leasehold_test_support::services::{self, Service};
 use tokio::task::JoinHandle;
-use tokio::time::Instant;
 
-use crate::report::{self, Bar, Table};
+use crate::Cli;
+use crate::harness::{BoxError, Report, interleaved, runtime, runtimes};
+use crate::report::{Bar, Table};
 use crate::stats::{Summary, ms};
-use crate::{Cli, Runtimes};
-
-type BoxError = Box<dyn Error + Send + Sync>;
 
 /// What one run of `leasehold-bench etcd` measures.
 #[derive(Debug, Clone, Copy)]
@@ -32,7 +28,6 @@ pub(crate) const DEPLOYMENTS: [&str; 2] = ["single", "cluster"];
 const TTL: Duration = Duration::from_secs(30);
 /// TTL of the raw shared lease; kept alive every third of it.
 const RAW_LEASE_TTL: i64 = 30;
-const ROUNDS: usize = 10;
 /// How long one acquire may wait (the key is never contended; this only bounds a stuck run).
 const WAIT: Duration = Duration::from_secs(5);
 
@@ -186,28 +181,6 @@ async fn keep_alive(client: Client, id: i64) {
     }
 }
 
-/// Runs the four cycles in alternating rounds (so drift in machine load hits all alike).
-async fn measure(fx: &Fixture, n: usize) -> Result<Vec<Summary>, BoxError> {
-    let per = (n / ROUNDS).max(1);
-    // Warm-up: connections, the session lease, the server's lock service.
-    for _ in 0..per.min(20) {
-        for c in CYCLES {
-            fx.cycle(c).await?;
-        }
-    }
-    let mut samples: Vec<Vec<Duration>> = CYCLES.iter().map(|_| Vec::with_capacity(n)).collect();
-    for _ in 0..ROUNDS {
-        for (c, out) in CYCLES.iter().zip(samples.iter_mut()) {
-            for _ in 0..per {
-                let t0 = Instant::now();
-                fx.cycle(*c).await?;
-                out.push(t0.elapsed());
-            }
-        }
-    }
-    Ok(samples.into_iter().map(Summary::of).collect())
-}
-
 /// One deployment, on the current runtime: a table and the chart's bars.
 async fn deployment(
     p: Params,
@@ -217,7 +190,12 @@ async fn deployment(
 ) -> Result<(Table, Vec<Bar>), BoxError> {
     let endpoints = services::lookup(service)?.urls().to_vec();
     let fx = Fixture::new(&endpoints).await?;
-    let result = measure(&fx, p.iterations).await;
+    // Warm-up: connections, the session lease, the server's lock service.
+    let warmup = (p.iterations / 10).clamp(1, 20);
+    let result = interleaved(p.iterations, CYCLES.len(), warmup, async |i| {
+        fx.cycle(CYCLES[i]).await
+    })
+    .await;
     fx.close().await?;
     let s = result?;
     let mut t = Table::new(
@@ -271,59 +249,20 @@ pub(crate) fn main(cli: &Cli, p: Params, deployments: &[String]) -> Result<(), B
             );
         }
     }
-    let flavours: &[&str] = match cli.runtime {
-        Runtimes::Both => &["multi-thread", "current-thread"],
-        Runtimes::MultiThread => &["multi-thread"],
-        Runtimes::CurrentThread => &["current-thread"],
-    };
-    let mut markdown = String::from("## leasehold-bench etcd\n\n");
-    let mut bars = Vec::new();
-    for &flavour in flavours {
-        let rt = if flavour == "multi-thread" {
-            tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()?
-        } else {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()?
-        };
-        for (name, service) in [
-            ("single member", Service::Etcd),
-            ("3-member cluster", Service::EtcdCluster),
+    let mut report = Report::new("etcd");
+    for flavour in runtimes(cli.runtime) {
+        let rt = runtime(flavour)?;
+        for (short, name, service) in [
+            ("single", "single member", Service::Etcd),
+            ("cluster", "3-member cluster", Service::EtcdCluster),
         ] {
-            let short = if service == Service::Etcd {
-                "single"
-            } else {
-                "cluster"
-            };
             if !deployments.iter().any(|d| d == short) {
                 continue;
             }
             let (t, b) = rt.block_on(deployment(p, flavour, name, service))?;
-            let md = t.markdown();
-            println!("{md}");
-            markdown.push_str(&md);
-            markdown.push('\n');
-            bars.extend(b);
+            report.table(&t);
+            report.bars(b);
         }
     }
-    write(&cli.out, &markdown, &bars)
-}
-
-fn write(out: &Path, markdown: &str, bars: &[Bar]) -> Result<(), BoxError> {
-    std::fs::create_dir_all(out)?;
-    std::fs::write(out.join("etcd.md"), markdown)?;
-    report::chart(
-        &out.join("etcd.svg"),
-        "etcd lock cycle p50 (lower is better)",
-        bars,
-    )
-    .map_err(|e| e.to_string())?;
-    eprintln!(
-        "wrote {} and {}",
-        out.join("etcd.md").display(),
-        out.join("etcd.svg").display()
-    );
-    Ok(())
+    report.write(&cli.out, "etcd lock cycle p50 (lower is better)")
 }

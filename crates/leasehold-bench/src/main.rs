@@ -11,6 +11,7 @@
 //! output folder (default `target/bench`).
 
 mod etcd_bench;
+mod harness;
 mod pg_bench;
 mod redis_bench;
 mod report;
@@ -135,44 +136,14 @@ fn run(cli: &Cli) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         contention: Duration::from_secs(contention_secs),
         throughput: Duration::from_secs(throughput_secs),
     };
-    let flavours: &[&str] = match cli.runtime {
-        Runtimes::Both => &["multi-thread", "current-thread"],
-        Runtimes::MultiThread => &["multi-thread"],
-        Runtimes::CurrentThread => &["current-thread"],
-    };
-    let mut markdown = String::from("## leasehold-bench redis\n\n");
-    let mut bars = Vec::new();
-    for &flavour in flavours {
-        let rt = if flavour == "multi-thread" {
-            tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()?
-        } else {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()?
-        };
+    let mut report = harness::Report::new("redis");
+    for flavour in harness::runtimes(cli.runtime) {
+        let rt = harness::runtime(flavour)?;
         let outcome = rt.block_on(redis_bench::run(params, flavour, scenarios))?;
         for t in &outcome.tables {
-            let md = t.markdown();
-            println!("{md}");
-            markdown.push_str(&md);
-            markdown.push('\n');
+            report.table(t);
         }
-        bars.extend(outcome.bars);
+        report.bars(outcome.bars);
     }
-    std::fs::create_dir_all(&cli.out)?;
-    std::fs::write(cli.out.join("redis.md"), &markdown)?;
-    report::chart(
-        &cli.out.join("redis.svg"),
-        "Lock cycle p50 (lower is better)",
-        &bars,
-    )
-    .map_err(|e| e.to_string())?;
-    eprintln!(
-        "wrote {} and {}",
-        cli.out.join("redis.md").display(),
-        cli.out.join("redis.svg").display()
-    );
-    Ok(())
+    report.write(&cli.out, "Lock cycle p50 (lower is better)")
 }

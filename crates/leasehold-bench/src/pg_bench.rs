@@ -2,8 +2,6 @@
 //! prepared `pg_try_advisory_lock` + `pg_advisory_unlock` cycle on one connection, and
 //! against sqlx's `PgAdvisoryLock`, over TCP and over the unix socket of `scripts/services`.
 
-use std::error::Error;
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use leasehold_core::{LockKey, LockOptions, Locker};
@@ -11,15 +9,13 @@ use leasehold_postgres::{PostgresBackend, PostgresConfig, advisory_key};
 use leasehold_test_support::services::{self, Service};
 use sqlx::Connection as _;
 use sqlx::postgres::{PgAdvisoryLock, PgConnectOptions, PgConnection};
-use tokio::time::Instant;
 use tokio_postgres::config::Host;
 use tokio_postgres::{Client, NoTls, Statement};
 
-use crate::report::{self, Bar, Table};
+use crate::Cli;
+use crate::harness::{BoxError, Report, interleaved, runtime, runtimes};
+use crate::report::{Bar, Table};
 use crate::stats::{Summary, ms};
-use crate::{Cli, Runtimes};
-
-type BoxError = Box<dyn Error + Send + Sync>;
 
 /// What one run of `leasehold-bench postgres` measures.
 #[derive(Debug, Clone, Copy)]
@@ -31,7 +27,6 @@ pub(crate) struct Params {
 /// The transport names `--transports` accepts.
 pub(crate) const TRANSPORTS: [&str; 2] = ["tcp", "unix"];
 
-const ROUNDS: usize = 10;
 const TTL: Duration = Duration::from_secs(30);
 
 /// The cycles measured, in the order they run in each round.
@@ -194,28 +189,6 @@ fn sqlx_options(conninfo: &str) -> Result<PgConnectOptions, BoxError> {
     Ok(opts)
 }
 
-/// Runs the cycles in alternating rounds (so drift in machine load hits all alike).
-async fn measure(fx: &mut Fixture, n: usize) -> Result<Vec<Summary>, BoxError> {
-    let per = (n / ROUNDS).max(1);
-    // Warm-up: idle sessions, prepared statements, the server's caches.
-    for _ in 0..per.min(50) {
-        for c in CYCLES {
-            fx.cycle(c).await?;
-        }
-    }
-    let mut samples: Vec<Vec<Duration>> = CYCLES.iter().map(|_| Vec::with_capacity(n)).collect();
-    for _ in 0..ROUNDS {
-        for (c, out) in CYCLES.iter().zip(samples.iter_mut()) {
-            for _ in 0..per {
-                let t0 = Instant::now();
-                fx.cycle(*c).await?;
-                out.push(t0.elapsed());
-            }
-        }
-    }
-    Ok(samples.into_iter().map(Summary::of).collect())
-}
-
 /// One transport, on the current runtime: a table and the chart's bars.
 async fn transport(
     p: Params,
@@ -224,7 +197,12 @@ async fn transport(
     conninfo: &str,
 ) -> Result<(Table, Vec<Bar>), BoxError> {
     let mut fx = Fixture::new(conninfo).await?;
-    let s = measure(&mut fx, p.iterations).await?;
+    // Warm-up: idle sessions, prepared statements, the server's caches.
+    let warmup = (p.iterations / 10).clamp(1, 50);
+    let s = interleaved(p.iterations, CYCLES.len(), warmup, async |i| {
+        fx.cycle(CYCLES[i]).await
+    })
+    .await?;
     let mut t = Table::new(
         &format!(
             "PostgreSQL over {name}: lock + unlock cycle ({rt} runtime, {} cycles each)",
@@ -268,23 +246,9 @@ pub(crate) fn main(cli: &Cli, p: Params, transports: &[String]) -> Result<(), Bo
             return Err(format!("unknown transport {t:?}; expected some of {TRANSPORTS:?}").into());
         }
     }
-    let flavours: &[&str] = match cli.runtime {
-        Runtimes::Both => &["multi-thread", "current-thread"],
-        Runtimes::MultiThread => &["multi-thread"],
-        Runtimes::CurrentThread => &["current-thread"],
-    };
-    let mut markdown = String::from("## leasehold-bench postgres\n\n");
-    let mut bars = Vec::new();
-    for &flavour in flavours {
-        let rt = if flavour == "multi-thread" {
-            tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()?
-        } else {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()?
-        };
+    let mut report = Report::new("postgres");
+    for flavour in runtimes(cli.runtime) {
+        let rt = runtime(flavour)?;
         for (short, name, service) in [
             ("tcp", "TCP (127.0.0.1)", Service::Postgres),
             ("unix", "the unix socket", Service::PostgresSocket),
@@ -294,22 +258,9 @@ pub(crate) fn main(cli: &Cli, p: Params, transports: &[String]) -> Result<(), Bo
             }
             let conninfo = services::lookup(service)?.url().to_owned();
             let (t, b) = rt.block_on(transport(p, flavour, name, &conninfo))?;
-            let md = t.markdown();
-            println!("{md}");
-            markdown.push_str(&md);
-            markdown.push('\n');
-            bars.extend(b);
+            report.table(&t);
+            report.bars(b);
         }
     }
-    write(&cli.out, &markdown, &bars)
-}
-
-fn write(out: &Path, markdown: &str, bars: &[Bar]) -> Result<(), BoxError> {
-    std::fs::create_dir_all(out)?;
-    let (md, svg): (PathBuf, PathBuf) = (out.join("postgres.md"), out.join("postgres.svg"));
-    std::fs::write(&md, markdown)?;
-    report::chart(&svg, "PostgreSQL lock cycle p50 (lower is better)", bars)
-        .map_err(|e| e.to_string())?;
-    eprintln!("wrote {} and {}", md.display(), svg.display());
-    Ok(())
+    report.write(&cli.out, "PostgreSQL lock cycle p50 (lower is better)")
 }

@@ -1,7 +1,6 @@
 //! Redis and Redlock: our cycles against raw redis-rs cycles, rslock, redis-benchmark and
 //! PostgreSQL's server-side queue.
 
-use std::error::Error;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,10 +11,9 @@ use leasehold_test_support::services::{self, Service};
 use redis::aio::MultiplexedConnection;
 use tokio::time::Instant;
 
+use crate::harness::{self, BoxError};
 use crate::report::{Bar, Table};
 use crate::stats::{Summary, ms};
-
-type BoxError = Box<dyn Error + Send + Sync>;
 
 /// What one run of `leasehold-bench redis` measures.
 #[derive(Debug, Clone, Copy)]
@@ -32,7 +30,6 @@ pub(crate) struct Outcome {
 }
 
 const TTL: Duration = Duration::from_secs(30);
-const ROUNDS: usize = 10;
 
 fn locker(backend: impl leasehold_core::LockBackend) -> Result<Locker, BoxError> {
     Ok(Locker::new(backend).with_options(
@@ -46,38 +43,33 @@ fn prefix(what: &str) -> String {
     format!("{}:", services::unique_prefix(what))
 }
 
-/// Runs `a` and `b` in alternating rounds so drift in machine load hits both alike.
+/// Runs `a` and `b` in alternating rounds (see [`harness::interleaved`]).
 async fn interleaved<A, FA, B, FB>(
     n: usize,
     mut a: A,
     mut b: B,
 ) -> Result<(Summary, Summary), BoxError>
 where
-    A: FnMut(usize) -> FA,
+    A: FnMut() -> FA,
     FA: Future<Output = Result<(), BoxError>>,
-    B: FnMut(usize) -> FB,
+    B: FnMut() -> FB,
     FB: Future<Output = Result<(), BoxError>>,
 {
-    let per = (n / ROUNDS).max(1);
-    let (mut ta, mut tb) = (Vec::with_capacity(n), Vec::with_capacity(n));
     // Warm-up: connections, scripts, caches.
-    for i in 0..per.min(100) {
-        a(i).await?;
-        b(i).await?;
+    let warmup = (n / 10).clamp(1, 100);
+    let s = harness::interleaved(
+        n,
+        2,
+        warmup,
+        async |i| {
+            if i == 0 { a().await } else { b().await }
+        },
+    )
+    .await?;
+    match s[..] {
+        [o, r] => Ok((o, r)),
+        _ => Err("interleaved: expected two summaries".into()),
     }
-    for round in 0..ROUNDS {
-        for i in 0..per {
-            let t0 = Instant::now();
-            a(round * per + i).await?;
-            ta.push(t0.elapsed());
-        }
-        for i in 0..per {
-            let t0 = Instant::now();
-            b(round * per + i).await?;
-            tb.push(t0.elapsed());
-        }
-    }
-    Ok((Summary::of(ta), Summary::of(tb)))
 }
 
 fn summary_row(table: &mut Table, name: &str, s: &Summary) {
@@ -112,7 +104,7 @@ async fn single(p: Params, rt: &str, out: &mut Outcome) -> Result<(), BoxError> 
     let raw_key = format!("{}raw", prefix("single"));
     let (o, r) = interleaved(
         p.iterations,
-        |_| {
+        || {
             let ours = ours.clone();
             async move {
                 let lease = ours.try_acquire("k").await?.ok_or("ours: key held")?;
@@ -120,7 +112,7 @@ async fn single(p: Params, rt: &str, out: &mut Outcome) -> Result<(), BoxError> 
                 Ok(())
             }
         },
-        |_| {
+        || {
             let (mut c, script, key) = (raw.clone(), &script, raw_key.clone());
             async move {
                 let owner = Owner::random()?;
@@ -182,7 +174,7 @@ async fn redlock(p: Params, rt: &str, out: &mut Outcome) -> Result<(), BoxError>
     let quorum = urls.len() / 2 + 1;
     let raw_key = format!("{}raw", prefix("redlock"));
     let node_timeout = Duration::from_millis(50);
-    let raw_cycle = |_: usize| {
+    let raw_cycle = || {
         let (conns, script, key) = (conns.clone(), &script, raw_key.clone());
         async move {
             let owner = Owner::random()?;
@@ -221,7 +213,7 @@ async fn redlock(p: Params, rt: &str, out: &mut Outcome) -> Result<(), BoxError>
             Ok(())
         }
     };
-    let ours_cycle = |_: usize| {
+    let ours_cycle = || {
         let ours = ours.clone();
         async move {
             let lease = ours.try_acquire("k").await?.ok_or("ours: key held")?;
@@ -233,7 +225,7 @@ async fn redlock(p: Params, rt: &str, out: &mut Outcome) -> Result<(), BoxError>
 
     let rs = rslock::LockManager::new(urls.clone());
     let rs_key = format!("{}rslock", prefix("redlock"));
-    let (o2, s) = interleaved(p.iterations, ours_cycle, |_| {
+    let (o2, s) = interleaved(p.iterations, ours_cycle, || {
         let (rs, key) = (&rs, rs_key.clone());
         async move {
             let lock = rs

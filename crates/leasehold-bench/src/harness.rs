@@ -1,0 +1,109 @@
+//! What every suite shares: interleaved measurement, the chosen runtimes, and the report files.
+
+use std::error::Error;
+use std::path::Path;
+
+use tokio::runtime::Runtime;
+use tokio::time::Instant;
+
+use crate::Runtimes;
+use crate::report::{self, Bar, Table};
+use crate::stats::Summary;
+
+/// The error of a benchmark run.
+pub(crate) type BoxError = Box<dyn Error + Send + Sync>;
+
+/// Rounds per measurement: the implementations take turns, so drift in machine load hits all
+/// of them alike.
+const ROUNDS: usize = 10;
+
+/// Measures `k` implementations, `n` cycles each, in alternating rounds after `warmup` cycles
+/// of each; `cycle(i)` runs one cycle of implementation `i`. One summary per implementation.
+pub(crate) async fn interleaved(
+    n: usize,
+    k: usize,
+    warmup: usize,
+    mut cycle: impl AsyncFnMut(usize) -> Result<(), BoxError>,
+) -> Result<Vec<Summary>, BoxError> {
+    let per = (n / ROUNDS).max(1);
+    for _ in 0..warmup {
+        for i in 0..k {
+            cycle(i).await?;
+        }
+    }
+    let mut samples: Vec<Vec<_>> = (0..k).map(|_| Vec::with_capacity(n)).collect();
+    for _ in 0..ROUNDS {
+        for (i, out) in samples.iter_mut().enumerate() {
+            for _ in 0..per {
+                let t0 = Instant::now();
+                cycle(i).await?;
+                out.push(t0.elapsed());
+            }
+        }
+    }
+    Ok(samples.into_iter().map(Summary::of).collect())
+}
+
+/// The Tokio runtimes chosen on the command line, with their names, built one at a time.
+pub(crate) fn runtimes(choice: Runtimes) -> Vec<&'static str> {
+    match choice {
+        Runtimes::Both => vec!["multi-thread", "current-thread"],
+        Runtimes::MultiThread => vec!["multi-thread"],
+        Runtimes::CurrentThread => vec!["current-thread"],
+    }
+}
+
+/// Builds the runtime of that name.
+pub(crate) fn runtime(flavour: &str) -> Result<Runtime, BoxError> {
+    let rt = if flavour == "multi-thread" {
+        tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()?
+    } else {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?
+    };
+    Ok(rt)
+}
+
+/// A suite's output: tables printed as they come, then `<name>.md` and `<name>.svg`.
+pub(crate) struct Report {
+    name: &'static str,
+    markdown: String,
+    bars: Vec<Bar>,
+}
+
+impl Report {
+    pub(crate) fn new(name: &'static str) -> Self {
+        Self {
+            name,
+            markdown: format!("## leasehold-bench {name}\n\n"),
+            bars: Vec::new(),
+        }
+    }
+
+    /// Prints a table and keeps it for the file.
+    pub(crate) fn table(&mut self, t: &Table) {
+        let md = t.markdown();
+        println!("{md}");
+        self.markdown.push_str(&md);
+        self.markdown.push('\n');
+    }
+
+    /// Keeps bars for the chart.
+    pub(crate) fn bars(&mut self, bars: impl IntoIterator<Item = Bar>) {
+        self.bars.extend(bars);
+    }
+
+    /// Writes `<out>/<name>.md` and `<out>/<name>.svg`.
+    pub(crate) fn write(&self, out: &Path, chart_title: &str) -> Result<(), BoxError> {
+        std::fs::create_dir_all(out)?;
+        let md = out.join(format!("{}.md", self.name));
+        let svg = out.join(format!("{}.svg", self.name));
+        std::fs::write(&md, &self.markdown)?;
+        report::chart(&svg, chart_title, &self.bars).map_err(|e| e.to_string())?;
+        eprintln!("wrote {} and {}", md.display(), svg.display());
+        Ok(())
+    }
+}
