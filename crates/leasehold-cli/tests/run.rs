@@ -1,0 +1,236 @@
+//! `leasehold run` end to end, on the local file backend: the command's environment and exit
+//! status, two runs on one key, a lease lost mid-run, and the documented exit codes.
+
+// Helpers outside #[test] fns fail the test by panicking, like the tests themselves.
+#![allow(clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Output, Stdio};
+use std::time::{Duration, Instant};
+
+use leasehold_test_support::services::unique_prefix;
+use tokio::process::Command;
+
+const BIN: &str = env!("CARGO_BIN_EXE_leasehold");
+
+fn folder(test: &str) -> PathBuf {
+    std::env::temp_dir().join(unique_prefix(test))
+}
+
+fn url(dir: &Path) -> String {
+    format!("file://{}", dir.display())
+}
+
+fn leasehold(args: &[&str]) -> Command {
+    let mut c = Command::new(BIN);
+    c.args(args).stdin(Stdio::null()).kill_on_drop(true);
+    c
+}
+
+async fn output(args: &[&str]) -> Output {
+    leasehold(args).output().await.expect("leasehold runs")
+}
+
+#[tokio::test]
+async fn the_command_gets_the_lease_in_its_environment_and_its_status_is_ours() {
+    let dir = folder("cli_env");
+    let u = url(&dir);
+    let out = output(&[
+        "run",
+        "--key",
+        "nightly",
+        "--url",
+        &u,
+        "--",
+        "sh",
+        "-c",
+        "echo $LEASEHOLD_KEY $LEASEHOLD_BACKEND $LEASEHOLD_FENCING_TOKEN; exit 3",
+    ])
+    .await;
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "nightly file 1"
+    );
+    // The token goes up on the next run.
+    let out = output(&[
+        "run",
+        "--key",
+        "nightly",
+        "--url",
+        &u,
+        "--",
+        "sh",
+        "-c",
+        "echo $LEASEHOLD_FENCING_TOKEN",
+    ])
+    .await;
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "2");
+    // A command killed by a signal: 128 + the signal, as shells report it.
+    let out = output(&[
+        "run",
+        "--key",
+        "nightly",
+        "--url",
+        &u,
+        "--",
+        "sh",
+        "-c",
+        "kill -9 $$",
+    ])
+    .await;
+    assert_eq!(out.status.code(), Some(128 + 9));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn a_second_run_fails_waits_or_times_out_as_its_flags_say() {
+    let dir = folder("cli_two");
+    let u = url(&dir);
+    let mut first = leasehold(&["run", "--key", "k", "--url", &u, "--", "sleep", "2"])
+        .spawn()
+        .unwrap();
+    // Wait until the first holds it.
+    let lock = dir.join("k.lock");
+    let t0 = Instant::now();
+    while !lock.exists() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the first run never locked"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let t = Instant::now();
+    let out = output(&["run", "--key", "k", "--url", &u, "--no-wait", "--", "true"]).await;
+    assert_eq!(out.status.code(), Some(75), "contention: {out:?}");
+    assert!(
+        t.elapsed() < Duration::from_secs(2),
+        "--no-wait must not wait"
+    );
+
+    let out = output(&[
+        "run", "--key", "k", "--url", &u, "--wait", "300ms", "--", "true",
+    ])
+    .await;
+    assert_eq!(out.status.code(), Some(124), "timeout: {out:?}");
+
+    let t = Instant::now();
+    let out = output(&[
+        "run", "--key", "k", "--url", &u, "--wait", "20s", "--", "echo", "second",
+    ])
+    .await;
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "second");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("waiting up to"),
+        "said it waits"
+    );
+    assert!(
+        t.elapsed() >= Duration::from_millis(500),
+        "it ran only after the first"
+    );
+    assert_eq!(first.wait().await.unwrap().code(), Some(0));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn a_lost_lease_terminates_the_command() {
+    let dir = folder("cli_lost");
+    let u = url(&dir);
+    let run = leasehold(&[
+        "run",
+        "--key",
+        "k",
+        "--url",
+        &u,
+        "--grace",
+        "2s",
+        "--",
+        "sh",
+        "-c",
+        "trap 'echo got TERM; exit 0' TERM; while true; do sleep 0.1; done",
+    ])
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let lock = dir.join("k.lock");
+    let t0 = Instant::now();
+    while !lock.exists() {
+        assert!(t0.elapsed() < Duration::from_secs(10), "never locked");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Someone deletes the lock file: the lease is lost (the file backend checks every second).
+    std::fs::remove_file(&lock).unwrap();
+    let t = Instant::now();
+    let out = tokio::time::timeout(Duration::from_secs(10), run.wait_with_output())
+        .await
+        .expect("leasehold stops the command")
+        .unwrap();
+    assert_eq!(out.status.code(), Some(79), "{out:?}");
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        t.elapsed()
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "got TERM");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("lost"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn bad_input_gives_the_documented_codes() {
+    // Usage errors: clap's 2.
+    assert_eq!(output(&["run", "--key", "k"]).await.status.code(), Some(2));
+    assert_eq!(output(&["run", "--", "true"]).await.status.code(), Some(2));
+    assert_eq!(
+        output(&[
+            "run",
+            "--key",
+            "k",
+            "--wait",
+            "1s",
+            "--no-wait",
+            "--",
+            "true"
+        ])
+        .await
+        .status
+        .code(),
+        Some(2)
+    );
+    // Configuration errors: 78, naming the problem, never the password.
+    let out = output(&[
+        "run",
+        "--key",
+        "k",
+        "--url",
+        "nosuch://u:s3cret@h",
+        "--",
+        "true",
+    ])
+    .await;
+    assert_eq!(out.status.code(), Some(78));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("scheme") && !err.contains("s3cret"), "{err}");
+    let out = output(&["run", "--key", "", "--url", "memory://", "--", "true"]).await;
+    assert_eq!(out.status.code(), Some(78), "{out:?}");
+    // A command that does not exist: 126.
+    let dir = folder("cli_bad");
+    let out = output(&[
+        "run",
+        "--key",
+        "k",
+        "--url",
+        &url(&dir),
+        "--",
+        "/nonexistent/cmd",
+    ])
+    .await;
+    assert_eq!(out.status.code(), Some(126));
+    let _ = std::fs::remove_dir_all(&dir);
+}
