@@ -87,6 +87,23 @@ async fn raw_connection(url: &str) -> Result<MultiplexedConnection, BoxError> {
         .await?)
 }
 
+/// The raw acquire: `SET key owner NX PX 30000`; true if it was set.
+async fn raw_set_nx(
+    c: &mut MultiplexedConnection,
+    key: &str,
+    owner: &Owner,
+) -> Result<bool, redis::RedisError> {
+    let set: Option<String> = redis::cmd("SET")
+        .arg(key)
+        .arg(owner.as_str())
+        .arg("NX")
+        .arg("PX")
+        .arg(30_000)
+        .query_async(c)
+        .await?;
+    Ok(set.is_some())
+}
+
 fn release_script() -> redis::Script {
     redis::Script::new(
         "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
@@ -116,15 +133,9 @@ async fn single(p: Params, rt: &str, out: &mut Outcome) -> Result<(), BoxError> 
             let (mut c, script, key) = (raw.clone(), &script, raw_key.clone());
             async move {
                 let owner = Owner::random()?;
-                let set: Option<String> = redis::cmd("SET")
-                    .arg(&key)
-                    .arg(owner.as_str())
-                    .arg("NX")
-                    .arg("PX")
-                    .arg(30_000)
-                    .query_async(&mut c)
-                    .await?;
-                set.ok_or("raw: key held")?;
+                if !raw_set_nx(&mut c, &key, &owner).await? {
+                    return Err("raw: key held".into());
+                }
                 let _: i64 = script
                     .key(&key)
                     .arg(owner.as_str())
@@ -181,18 +192,9 @@ async fn redlock(p: Params, rt: &str, out: &mut Outcome) -> Result<(), BoxError>
             let sets = join_all(conns.iter().cloned().map(|mut c| {
                 let (key, owner) = (key.clone(), owner.clone());
                 async move {
-                    let r: Result<Result<Option<String>, _>, _> = tokio::time::timeout(
-                        node_timeout,
-                        redis::cmd("SET")
-                            .arg(&key)
-                            .arg(owner.as_str())
-                            .arg("NX")
-                            .arg("PX")
-                            .arg(30_000)
-                            .query_async(&mut c),
-                    )
-                    .await;
-                    matches!(r, Ok(Ok(Some(_))))
+                    let r =
+                        tokio::time::timeout(node_timeout, raw_set_nx(&mut c, &key, &owner)).await;
+                    matches!(r, Ok(Ok(true)))
                 }
             }))
             .await;

@@ -14,19 +14,10 @@ use leasehold_test_support::require_service;
 use leasehold_test_support::services::{Service, unique_prefix};
 use sqlx::Connection as _;
 use sqlx::postgres::{PgAdvisoryLock, PgConnection};
-use tokio_postgres::NoTls;
 
 /// Serialises the pgbouncer tests: one of them terminates a pooled server connection, which
 /// pgbouncer may have handed to the other test's client meanwhile.
 static BOUNCER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-async fn raw(url: &str) -> Result<tokio_postgres::Client, common::BoxError> {
-    let (client, conn) = tokio_postgres::connect(url, NoTls).await?;
-    tokio::spawn(async move {
-        let _ = conn.await;
-    });
-    Ok(client)
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlx_advisory_lock_and_ours_exclude_each_other() -> Result<(), common::BoxError> {
@@ -85,7 +76,10 @@ async fn lock_xact_contends_through_pgbouncer_transaction_pooling() -> Result<()
 
     // Two clients of pgbouncer: one holds, the other's try is refused, its wait is granted
     // at the holder's commit, with a higher token.
-    let (mut c1, mut c2) = (raw(bouncer.url()).await?, raw(bouncer.url()).await?);
+    let (mut c1, mut c2) = (
+        common::client(bouncer.url()).await?,
+        common::client(bouncer.url()).await?,
+    );
     let tx1 = c1.transaction().await?;
     let t1 = backend
         .lock_xact(&tx1, &key, Duration::ZERO)
@@ -123,7 +117,7 @@ async fn lock_xact_contends_through_pgbouncer_transaction_pooling() -> Result<()
         let (backend, key, url) = (backend.clone(), key.clone(), bouncer.url().to_owned());
         let (inside, granted) = (Arc::clone(&inside), Arc::clone(&granted));
         tasks.push(tokio::spawn(async move {
-            let mut client = raw(&url).await?;
+            let mut client = common::client(&url).await?;
             for _ in 0..ROUNDS {
                 let tx = client.transaction().await?;
                 let token = backend
@@ -163,7 +157,7 @@ async fn session_lock_through_pgbouncer_outlives_its_client() -> Result<(), comm
     let _serial = BOUNCER.lock().await;
     let admin = common::admin(pg.url()).await?;
     let id: i64 = rand::random();
-    let client = raw(bouncer.url()).await?;
+    let client = common::client(bouncer.url()).await?;
     let rows = client
         .simple_query(&format!("SELECT pg_try_advisory_lock({id})"))
         .await?;

@@ -8,15 +8,6 @@ use leasehold_core::{LockKey, Locker};
 use leasehold_postgres::PostgresBackend;
 use leasehold_test_support::require_service;
 use leasehold_test_support::services::{Service, unique_prefix};
-use tokio_postgres::NoTls;
-
-async fn raw(url: &str) -> Result<tokio_postgres::Client, common::BoxError> {
-    let (client, conn) = tokio_postgres::connect(url, NoTls).await?;
-    tokio::spawn(async move {
-        let _ = conn.await;
-    });
-    Ok(client)
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn xact_lock_lives_and_dies_with_the_transaction() -> Result<(), common::BoxError> {
@@ -24,7 +15,10 @@ async fn xact_lock_lives_and_dies_with_the_transaction() -> Result<(), common::B
     let app = unique_prefix("pg-xact");
     let backend = PostgresBackend::new(common::config(pg.url(), &app)?);
     let key = LockKey::new(format!("{app}/k"))?;
-    let (mut c1, mut c2) = (raw(pg.url()).await?, raw(pg.url()).await?);
+    let (mut c1, mut c2) = (
+        common::client(pg.url()).await?,
+        common::client(pg.url()).await?,
+    );
 
     let tx1 = c1.transaction().await?;
     let t1 = backend

@@ -9,21 +9,10 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use leasehold_core::{LockOptions, Locker, Renewal};
 use leasehold_test_support::require_service;
 use leasehold_test_support::services::Service;
 use tokio::sync::Mutex;
 use tokio::time::Instant;
-
-fn locker(backend: leasehold_redis::RedisBackend) -> Locker {
-    Locker::new(backend)
-        .with_options(
-            LockOptions::default()
-                .with_ttl(Duration::from_secs(10))
-                .with_renewal(Renewal::Off),
-        )
-        .unwrap()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn contenders_in_separate_backends_take_turns() {
@@ -36,7 +25,7 @@ async fn contenders_in_separate_backends_take_turns() {
     let mut tasks = Vec::new();
     for task in 0..TASKS {
         // One backend per task: as separate processes would have.
-        let l = locker(common::redis_fair(ep.url(), &prefix, Duration::from_secs(2)).await);
+        let l = common::locker(common::redis_fair(ep.url(), &prefix, Duration::from_secs(2)).await);
         let grants = Arc::clone(&grants);
         tasks.push(tokio::spawn(async move {
             while Instant::now() < end {
@@ -75,7 +64,7 @@ async fn a_waiter_that_stopped_asking_loses_its_place() {
     let addr = ep.addr().unwrap();
     let prefix = common::prefix("fair_ghost");
     let grace = Duration::from_millis(500);
-    let l = locker(common::redis_fair(ep.url(), &prefix, grace).await);
+    let l = common::locker(common::redis_fair(ep.url(), &prefix, grace).await);
     // A waiter that crashed: in line, alive for one more grace period, never asking again.
     let lock = format!("{prefix}{{k}}");
     let cli = |args: &[&str]| {
@@ -123,9 +112,9 @@ async fn a_waiter_that_stopped_asking_loses_its_place() {
 async fn a_waiter_that_gives_up_leaves_the_line() {
     let ep = require_service!(Service::Redis);
     let prefix = common::prefix("fair_giveup");
-    let a = locker(common::redis_fair(ep.url(), &prefix, Duration::from_secs(5)).await);
-    let b = locker(common::redis_fair(ep.url(), &prefix, Duration::from_secs(5)).await);
-    let c = locker(common::redis_fair(ep.url(), &prefix, Duration::from_secs(5)).await);
+    let a = common::locker(common::redis_fair(ep.url(), &prefix, Duration::from_secs(5)).await);
+    let b = common::locker(common::redis_fair(ep.url(), &prefix, Duration::from_secs(5)).await);
+    let c = common::locker(common::redis_fair(ep.url(), &prefix, Duration::from_secs(5)).await);
     let held = a.try_acquire("k").await.unwrap().expect("free");
     // b waits briefly and gives up; then c queues. Once a releases, c must not wait for b's
     // stale place (5 s grace) to run out.

@@ -9,22 +9,12 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use leasehold_core::{Backoff, LockOptions, Locker, Renewal};
+use leasehold_core::Backoff;
 use leasehold_redis::{RedisBackend, RedisConfig};
 use leasehold_test_support::require_service;
 use leasehold_test_support::services::Service;
 use tokio::sync::Mutex;
 use tokio::time::Instant;
-
-fn locker(backend: RedisBackend) -> Locker {
-    Locker::new(backend)
-        .with_options(
-            LockOptions::default()
-                .with_ttl(Duration::from_secs(10))
-                .with_renewal(Renewal::Off),
-        )
-        .unwrap()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiters_are_woken_by_the_release_message_not_by_polling() {
@@ -38,8 +28,8 @@ async fn waiters_are_woken_by_the_release_message_not_by_polling() {
             initial: Duration::from_secs(5),
             max: Duration::from_secs(5),
         });
-    let holder = locker(common::redis(ep.url(), &prefix).await);
-    let waiter = locker(RedisBackend::connect(config).await.unwrap());
+    let holder = common::locker(common::redis(ep.url(), &prefix).await);
+    let waiter = common::locker(RedisBackend::connect(config).await.unwrap());
     for round in 0..5 {
         let lease = holder.try_acquire("k").await.unwrap().expect("free");
         let w = {
@@ -68,7 +58,7 @@ async fn waiters_are_woken_by_the_release_message_not_by_polling() {
 async fn waiters_of_one_process_are_served_in_arrival_order() {
     let ep = require_service!(Service::Redis);
     let prefix = common::prefix("fifo");
-    let l = locker(common::redis(ep.url(), &prefix).await);
+    let l = common::locker(common::redis(ep.url(), &prefix).await);
     let first = l.try_acquire("k").await.unwrap().expect("free");
     let order = Arc::new(Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
@@ -95,7 +85,7 @@ async fn a_lock_taken_with_redis_cli_excludes_ours_and_the_other_way_round() {
     let ep = require_service!(Service::Redis);
     let addr = ep.addr().expect("tcp address");
     let prefix = common::prefix("interop");
-    let l = locker(common::redis(ep.url(), &prefix).await);
+    let l = common::locker(common::redis(ep.url(), &prefix).await);
     let key = format!("{prefix}{{nightly}}");
     let cli = |args: &[&str]| {
         let out = std::process::Command::new("redis-cli")
@@ -119,7 +109,7 @@ async fn fencing_tokens_increase_per_key_in_one_round_trip() {
     let ep = require_service!(Service::Redis);
     let prefix = common::prefix("fence");
     let backend = common::redis(ep.url(), &prefix).await;
-    let l = locker(backend.clone());
+    let l = common::locker(backend.clone());
     let mut last = 0;
     for _ in 0..20 {
         let lease = l.try_acquire("k").await.unwrap().expect("free");

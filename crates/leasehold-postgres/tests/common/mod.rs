@@ -9,13 +9,18 @@ use tokio_postgres::{Client, NoTls};
 /// Boxed error for helpers.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// A plain connection for inspecting and killing sessions (never one of the backend's).
-pub async fn admin(url: &str) -> Result<Arc<Client>, BoxError> {
+/// A plain connection of our own (never one of the backend's), its connection task spawned.
+pub async fn client(url: &str) -> Result<Client, BoxError> {
     let (client, conn) = tokio_postgres::connect(url, NoTls).await?;
     tokio::spawn(async move {
         let _ = conn.await;
     });
-    Ok(Arc::new(client))
+    Ok(client)
+}
+
+/// A plain connection for inspecting and killing sessions, shareable between tasks.
+pub async fn admin(url: &str) -> Result<Arc<Client>, BoxError> {
+    Ok(Arc::new(client(url).await?))
 }
 
 /// A config for `url` whose sessions carry `app` as application_name, so a test can count

@@ -24,6 +24,17 @@ pub(crate) async fn redis(url: &str, prefix: &str) -> RedisBackend {
         .unwrap_or_else(|e| panic!("connect: {e}"))
 }
 
+/// A locker with a 10 s TTL and no renewal, for tests that hold locks briefly.
+pub(crate) fn locker(backend: RedisBackend) -> leasehold_core::Locker {
+    leasehold_core::Locker::new(backend)
+        .with_options(
+            leasehold_core::LockOptions::default()
+                .with_ttl(Duration::from_secs(10))
+                .with_renewal(leasehold_core::Renewal::Off),
+        )
+        .unwrap_or_else(|e| panic!("options: {e}"))
+}
+
 /// A single-node backend in fair mode (server-side queue of waiters).
 pub(crate) async fn redis_fair(url: &str, prefix: &str, grace: Duration) -> RedisBackend {
     let config = RedisConfig::from_url(url)
