@@ -2,7 +2,6 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold_test_support::conformance::Target;
@@ -14,18 +13,7 @@ async fn target() -> Option<Target> {
     let prefix = common::prefix("fair_conformance");
     let primary = common::redis_fair(ep.url(), &prefix, Duration::from_secs(1)).await;
     let other = common::redis_fair(ep.url(), &prefix, Duration::from_secs(1)).await;
-    let counter = primary.clone();
-    Some(
-        Target::new(
-            Arc::new(primary),
-            Arc::new(other),
-            Duration::from_millis(300),
-        )
-        .with_held(Arc::new(move || {
-            let counter = counter.clone();
-            Box::pin(async move { counter.count_lock_keys("").await })
-        })),
-    )
+    Some(common::single_node_target(primary, other))
 }
 
 leasehold_test_support::conformance_tests!(target);

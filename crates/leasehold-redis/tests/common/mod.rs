@@ -59,6 +59,12 @@ pub(crate) async fn single_target(ep: &Endpoints) -> Target {
     let prefix = prefix("conformance");
     let primary = redis(ep.url(), &prefix).await;
     let other = redis(ep.url(), &prefix).await;
+    single_node_target(primary, other)
+}
+
+/// A conformance target of two single-node backends on one prefix; the held hook counts lock
+/// keys under it.
+pub(crate) fn single_node_target(primary: RedisBackend, other: RedisBackend) -> Target {
     let counter = primary.clone();
     Target::new(
         Arc::new(primary),
