@@ -1,0 +1,656 @@
+//! `leasehold acquire` / `release`: a lock held across shell commands by a holder process.
+//!
+//! `acquire` spawns `leasehold __hold` (this binary) in a process group of its own, with stdin
+//! and stderr on `/dev/null` and stdout a pipe back to `acquire`. The holder takes the lease
+//! and reports on that pipe, one line each:
+//!
+//! - `waiting\t<budget>` when the lock is not ours after a second (`acquire` prints the notice);
+//! - `held\t<backend>\t<token or ->\t<pid>\t<handle>` once it holds the lease, or
+//! - `error\t<exit code>\t<message>` if it could not.
+//!
+//! A holder whose `acquire` is gone (the pipe is closed) when it has the lease releases it and
+//! exits. Once it holds the lease it writes a state file `<runtime dir>/<pid>.state` (the
+//! handle) and listens on `<runtime dir>/<pid>.sock`; `release` sends `release` there and gets
+//! back `released`, `not-held` or `error\t<message>`. SIGTERM and SIGINT release too; SIGHUP is
+//! ignored. If the lease is lost the holder releases what is left, rewrites the state file with
+//! `LEASEHOLD_STATE='lost'` and the reason, and exits; `release` then reports the loss.
+
+use std::fs;
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use leasehold::Lease;
+use nix::sys::signal::kill;
+use nix::unistd::Pid;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+use tokio::net::UnixListener;
+use tokio::signal::unix::{SignalKind, signal};
+
+use crate::{
+    Acquiring, Target, code, location_of, obtain, shell_quote, shell_unquote, wait_notice,
+};
+
+/// The folder of state files and sockets, if set.
+pub(crate) const RUNTIME_DIR_VAR: &str = "LEASEHOLD_RUNTIME_DIR";
+/// The handle `release` uses when given no `--key` nor `--handle`.
+pub(crate) const HANDLE_VAR: &str = "LEASEHOLD_HANDLE";
+/// How `acquire` hands the URL to the holder: not on its command line, where `ps` shows it.
+const HOLDER_URL_VAR: &str = "LEASEHOLD_HOLDER_URL";
+
+#[derive(clap::Args, Clone, Debug)]
+pub(crate) struct AcquireArgs {
+    #[command(flatten)]
+    target: Target,
+    #[command(flatten)]
+    how: Acquiring,
+}
+
+#[derive(clap::Args, Debug)]
+pub(crate) struct ReleaseArgs {
+    /// The lock's name: release the holder of this key (with --url/--config when several
+    /// backends have one). Without --key and --handle, $LEASEHOLD_HANDLE is used.
+    #[arg(long, conflicts_with = "handle")]
+    key: Option<String>,
+    /// Only the holder of --key on this backend URL.
+    #[arg(long, requires = "key", conflicts_with = "config")]
+    url: Option<String>,
+    /// Only the holder of --key from this configuration file.
+    #[arg(long, requires = "key")]
+    config: Option<PathBuf>,
+    /// The state file printed by `acquire` as LEASEHOLD_HANDLE.
+    #[arg(long)]
+    handle: Option<PathBuf>,
+    /// Give up waiting for the holder's answer after this long.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "30s")]
+    timeout: Duration,
+}
+
+/// The runtime folder: `$LEASEHOLD_RUNTIME_DIR`, else `$XDG_RUNTIME_DIR/leasehold`, else
+/// `leasehold-<uid>` in the temporary folder.
+pub(crate) fn runtime_dir() -> PathBuf {
+    let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
+    if let Some(d) = var(RUNTIME_DIR_VAR) {
+        return PathBuf::from(d);
+    }
+    if let Some(d) = var("XDG_RUNTIME_DIR") {
+        return PathBuf::from(d).join("leasehold");
+    }
+    std::env::temp_dir().join(format!("leasehold-{}", nix::unistd::getuid()))
+}
+
+/// Creates the runtime folder (mode 0700) and checks that it is ours and private.
+fn prepare_runtime_dir(dir: &Path) -> io::Result<()> {
+    match fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+    {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
+    }
+    let meta = fs::metadata(dir)?;
+    if meta.uid() != nix::unistd::getuid().as_raw() {
+        return Err(io::Error::other(format!(
+            "{} belongs to another user",
+            dir.display()
+        )));
+    }
+    if meta.permissions().mode() & 0o077 != 0 {
+        fs::set_permissions(dir, fs::Permissions::from_mode(0o700))?;
+    }
+    Ok(())
+}
+
+/// What a state file says.
+#[derive(Debug, Default, Clone)]
+struct State {
+    state: String,
+    key: String,
+    backend: String,
+    location: String,
+    owner: String,
+    token: Option<String>,
+    pid: u32,
+    acquired_at: u64,
+    lost_reason: Option<String>,
+}
+
+impl State {
+    fn render(&self) -> String {
+        let mut s = String::new();
+        let mut line = |k: &str, v: &str| {
+            s.push_str(&format!("LEASEHOLD_{k}={}\n", shell_quote(v)));
+        };
+        line("STATE", &self.state);
+        line("KEY", &self.key);
+        line("BACKEND", &self.backend);
+        line("LOCATION", &self.location);
+        line("OWNER", &self.owner);
+        if let Some(t) = &self.token {
+            line("FENCING_TOKEN", t);
+        }
+        line("HOLDER_PID", &self.pid.to_string());
+        line("ACQUIRED_AT", &self.acquired_at.to_string());
+        if let Some(r) = &self.lost_reason {
+            line("LOST_REASON", r);
+        }
+        s
+    }
+
+    fn parse(text: &str) -> Self {
+        let mut st = Self::default();
+        for line in text.lines() {
+            let Some((k, v)) = line.split_once('=') else {
+                continue;
+            };
+            let v = shell_unquote(v);
+            match k.trim() {
+                "LEASEHOLD_STATE" => st.state = v,
+                "LEASEHOLD_KEY" => st.key = v,
+                "LEASEHOLD_BACKEND" => st.backend = v,
+                "LEASEHOLD_LOCATION" => st.location = v,
+                "LEASEHOLD_OWNER" => st.owner = v,
+                "LEASEHOLD_FENCING_TOKEN" => st.token = Some(v),
+                "LEASEHOLD_HOLDER_PID" => st.pid = v.parse().unwrap_or(0),
+                "LEASEHOLD_ACQUIRED_AT" => st.acquired_at = v.parse().unwrap_or(0),
+                "LEASEHOLD_LOST_REASON" => st.lost_reason = Some(v),
+                _ => {}
+            }
+        }
+        st
+    }
+
+    fn read(path: &Path) -> io::Result<Self> {
+        Ok(Self::parse(&fs::read_to_string(path)?))
+    }
+
+    /// Writes the file atomically (a temporary file renamed over it).
+    fn write(&self, path: &Path) -> io::Result<()> {
+        let tmp = path.with_extension("state.tmp");
+        {
+            let mut f = fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(&tmp)?;
+            f.write_all(self.render().as_bytes())?;
+            f.sync_all()?;
+        }
+        fs::rename(&tmp, path)
+    }
+}
+
+fn socket_of(state: &Path) -> PathBuf {
+    state.with_extension("sock")
+}
+
+/// Every state file in the runtime folder, with what it says.
+fn states(dir: &Path) -> Vec<(PathBuf, State)> {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut found: Vec<(PathBuf, State)> = entries
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "state"))
+        .filter_map(|p| State::read(&p).ok().map(|s| (p, s)))
+        .collect();
+    found.sort_by(|a, b| a.0.cmp(&b.0));
+    found
+}
+
+/// Whether process `pid` is alive (a zombie counts as gone).
+fn alive(pid: u32) -> bool {
+    let Ok(raw) = i32::try_from(pid) else {
+        return false;
+    };
+    if raw <= 0 || kill(Pid::from_raw(raw), None).is_err() {
+        return false;
+    }
+    match fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the parenthesised command name.
+        Ok(stat) => !matches!(
+            stat.rsplit_once(')')
+                .map(|(_, r)| r.trim_start().chars().next()),
+            Some(Some('Z' | 'X'))
+        ),
+        Err(_) => true,
+    }
+}
+
+// ----- acquire (the parent) -----
+
+pub(crate) fn acquire(args: AcquireArgs) -> u8 {
+    let dir = runtime_dir();
+    if let Err(e) = prepare_runtime_dir(&dir) {
+        eprintln!(
+            "leasehold: runtime folder {}: {e} (set {RUNTIME_DIR_VAR})",
+            dir.display()
+        );
+        return code::CONFIG;
+    }
+    let exe = match std::env::current_exe() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("leasehold: cannot find my own executable: {e}");
+            return code::CANNOT_RUN;
+        }
+    };
+    let mut cmd = std::process::Command::new(exe);
+    cmd.arg("__hold").arg("--key").arg(&args.target.key);
+    if let Some(c) = &args.target.config {
+        // The holder runs in the same folder, but make the path absolute anyway.
+        cmd.arg("--config")
+            .arg(std::path::absolute(c).unwrap_or_else(|_| c.clone()));
+    }
+    if let Some(t) = args.how.ttl {
+        cmd.arg("--ttl")
+            .arg(humantime::format_duration(t).to_string());
+    }
+    if let Some(w) = args.how.wait {
+        cmd.arg("--wait")
+            .arg(humantime::format_duration(w).to_string());
+    }
+    if args.how.no_wait {
+        cmd.arg("--no-wait");
+    }
+    match &args.target.url {
+        Some(url) => cmd.env(HOLDER_URL_VAR, url),
+        None => cmd.env_remove(HOLDER_URL_VAR),
+    };
+    cmd.env(RUNTIME_DIR_VAR, &dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        // Its own process group: a Ctrl-C meant for the script does not reach it.
+        .process_group(0);
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("leasehold: cannot start the holder process: {e}");
+            return code::CANNOT_RUN;
+        }
+    };
+    let Some(stdout) = child.stdout.take() else {
+        return code::CANNOT_RUN;
+    };
+    let key = args.target.key.clone();
+    let quiet = args.how.quiet;
+    // Blocking reads: nothing else needs this thread meanwhile.
+    {
+        let mut lines = BufReader::new(stdout).lines();
+        loop {
+            let line = match lines.next() {
+                Some(Ok(l)) => l,
+                Some(Err(_)) | None => {
+                    let status = child.wait();
+                    eprintln!("leasehold: the holder process ended without a word ({status:?})");
+                    return code::CANNOT_RUN;
+                }
+            };
+            let mut f = line.splitn(5, '\t');
+            match f.next() {
+                Some("waiting") if !quiet => {
+                    let wait = f
+                        .next()
+                        .and_then(|w| humantime::parse_duration(w).ok())
+                        .unwrap_or_default();
+                    eprintln!("{}", wait_notice(&key, wait));
+                }
+                Some("held") => {
+                    let backend = f.next().unwrap_or_default();
+                    let token = f.next().unwrap_or("-");
+                    let pid = f.next().unwrap_or_default();
+                    let handle = f.next().unwrap_or_default();
+                    let export = |k: &str, v: &str| format!("export {k}={}\n", shell_quote(v));
+                    let mut out = export("LEASEHOLD_KEY", &key);
+                    out += &export("LEASEHOLD_BACKEND", backend);
+                    if token == "-" {
+                        out += "unset LEASEHOLD_FENCING_TOKEN\n";
+                    } else {
+                        out += &export("LEASEHOLD_FENCING_TOKEN", token);
+                    }
+                    out += &export("LEASEHOLD_HOLDER_PID", pid);
+                    out += &export(HANDLE_VAR, handle);
+                    print!("{out}");
+                    let _ = io::stdout().flush();
+                    return 0;
+                }
+                Some("error") => {
+                    let c = f
+                        .next()
+                        .and_then(|c| c.parse().ok())
+                        .unwrap_or(code::CANNOT_RUN);
+                    eprintln!("leasehold: {}", f.collect::<Vec<_>>().join("\t"));
+                    let _ = child.wait();
+                    return c;
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+// ----- the holder -----
+
+/// One line to `acquire`; `false` if it is gone.
+fn report(line: &str) -> bool {
+    let mut out = io::stdout();
+    writeln!(out, "{line}").and_then(|()| out.flush()).is_ok()
+}
+
+fn clean_message(s: &str) -> String {
+    s.replace(['\n', '\t'], " ")
+}
+
+pub(crate) async fn holder(mut args: AcquireArgs) -> u8 {
+    if let Some(url) = std::env::var_os(HOLDER_URL_VAR).and_then(|u| u.into_string().ok()) {
+        args.target.url = Some(url);
+    }
+    // Handlers replace the default actions: SIGHUP is ignored, SIGTERM and SIGINT release.
+    let signals = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::hangup()),
+    );
+    let (Ok(mut term), Ok(mut int), Ok(mut hup)) = signals else {
+        report(&format!(
+            "error\t{}\tcannot install signal handlers",
+            code::CANNOT_RUN
+        ));
+        return code::CANNOT_RUN;
+    };
+    let dir = runtime_dir();
+    if let Err(e) = prepare_runtime_dir(&dir) {
+        report(&format!(
+            "error\t{}\truntime folder {}: {}",
+            code::CONFIG,
+            dir.display(),
+            clean_message(&e.to_string())
+        ));
+        return code::CONFIG;
+    }
+
+    let (_locker, lease) = match obtain(&args.target, &args.how, |wait| {
+        report(&format!("waiting\t{}", humantime::format_duration(wait)))
+    })
+    .await
+    {
+        Ok(v) => v,
+        Err(f) => {
+            report(&format!("error\t{}\t{}", f.code, clean_message(&f.message)));
+            return f.code;
+        }
+    };
+
+    let pid = std::process::id();
+    let state_path = dir.join(format!("{pid}.state"));
+    let sock_path = socket_of(&state_path);
+    let _ = fs::remove_file(&sock_path);
+    let listener = match UnixListener::bind(&sock_path) {
+        Ok(l) => l,
+        Err(e) => {
+            let _ = lease.release().await;
+            report(&format!(
+                "error\t{}\tcannot listen on {}: {}",
+                code::CANNOT_RUN,
+                sock_path.display(),
+                clean_message(&e.to_string())
+            ));
+            return code::CANNOT_RUN;
+        }
+    };
+    let location = location_of(&args.target);
+    let mut state = State {
+        state: "held".to_owned(),
+        key: args.target.key.clone(),
+        backend: lease.backend_name().to_owned(),
+        location: location.clone(),
+        owner: lease.owner().as_str().to_owned(),
+        token: lease.fencing_token().map(|t| t.get().to_string()),
+        pid,
+        acquired_at: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+        lost_reason: None,
+    };
+    let cleanup = |with_state: bool| {
+        let _ = fs::remove_file(&sock_path);
+        if with_state {
+            let _ = fs::remove_file(&state_path);
+        }
+    };
+    if let Err(e) = state.write(&state_path) {
+        let _ = lease.release().await;
+        cleanup(true);
+        report(&format!(
+            "error\t{}\tcannot write {}: {}",
+            code::CANNOT_RUN,
+            state_path.display(),
+            clean_message(&e.to_string())
+        ));
+        return code::CANNOT_RUN;
+    }
+    // Records of earlier, lost holds of the same lock are superseded by this one.
+    for (path, old) in states(&dir) {
+        if path != state_path
+            && old.key == state.key
+            && old.location == location
+            && (old.state == "lost" || !alive(old.pid))
+        {
+            let _ = fs::remove_file(socket_of(&path));
+            let _ = fs::remove_file(&path);
+        }
+    }
+    let token = state.token.clone().unwrap_or_else(|| "-".to_owned());
+    if !report(&format!(
+        "held\t{}\t{token}\t{pid}\t{}",
+        state.backend,
+        state_path.display()
+    )) {
+        // Nobody learnt we hold it: give it back.
+        let _ = lease.release().await;
+        cleanup(true);
+        return 1;
+    }
+
+    let lost = lease.lost().wait();
+    tokio::pin!(lost);
+    loop {
+        tokio::select! {
+            reason = &mut lost => {
+                let _ = lease.release().await;
+                state.state = "lost".to_owned();
+                state.lost_reason = Some(clean_message(&reason.to_string()));
+                cleanup(false);
+                if state.write(&state_path).is_err() {
+                    cleanup(true);
+                }
+                return code::LOST;
+            }
+            _ = term.recv() => return release_and_exit(&lease, &cleanup).await.1,
+            _ = int.recv() => return release_and_exit(&lease, &cleanup).await.1,
+            _ = hup.recv() => {}
+            conn = listener.accept() => {
+                let Ok((stream, _)) = conn else { continue };
+                let (read, mut write) = stream.into_split();
+                let mut line = String::new();
+                let mut reader = tokio::io::BufReader::new(read);
+                let got = tokio::time::timeout(Duration::from_secs(5), reader.read_line(&mut line)).await;
+                if !matches!(got, Ok(Ok(_))) {
+                    continue;
+                }
+                match line.trim() {
+                    "release" => {
+                        let (answer, code) = release_and_exit(&lease, &cleanup).await;
+                        let _ = write.write_all(format!("{answer}\n").as_bytes()).await;
+                        let _ = write.shutdown().await;
+                        return code;
+                    }
+                    _ => {
+                        let _ = write.write_all(b"error\tunknown request\n").await;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Releases the lease and removes the files; the answer for `release` and the exit code.
+async fn release_and_exit(lease: &Lease, cleanup: &impl Fn(bool)) -> (String, u8) {
+    let outcome = lease.release().await;
+    cleanup(true);
+    match outcome {
+        Ok(true) => ("released".to_owned(), 0),
+        Ok(false) => ("not-held".to_owned(), code::LOST),
+        Err(e) => (
+            format!("error\t{}", clean_message(&e.to_string())),
+            code::UNAVAILABLE,
+        ),
+    }
+}
+
+// ----- release -----
+
+pub(crate) async fn release(args: ReleaseArgs) -> u8 {
+    let dir = runtime_dir();
+    let handle = match (&args.handle, &args.key) {
+        (Some(h), _) => h.clone(),
+        (None, Some(key)) => {
+            let location = (args.url.is_some() || args.config.is_some()).then(|| {
+                location_of(&Target {
+                    key: key.clone(),
+                    url: args.url.clone(),
+                    config: args.config.clone(),
+                })
+            });
+            let found: Vec<PathBuf> = states(&dir)
+                .into_iter()
+                .filter(|(_, s)| &s.key == key)
+                .filter(|(_, s)| location.as_ref().is_none_or(|l| &s.location == l))
+                .map(|(p, _)| p)
+                .collect();
+            match found.as_slice() {
+                [] => {
+                    eprintln!(
+                        "leasehold: no holder of {key:?} in {} (was it acquired with another {RUNTIME_DIR_VAR}?)",
+                        dir.display()
+                    );
+                    return code::FREE;
+                }
+                [one] => one.clone(),
+                many => {
+                    eprintln!(
+                        "leasehold: several holders of {key:?}; say which with --url, --config or --handle:"
+                    );
+                    for p in many {
+                        eprintln!("  {}", p.display());
+                    }
+                    return code::USAGE;
+                }
+            }
+        }
+        (None, None) => match std::env::var_os(HANDLE_VAR).filter(|h| !h.is_empty()) {
+            Some(h) => PathBuf::from(h),
+            None => {
+                eprintln!("leasehold: release needs --key or --handle (or {HANDLE_VAR} set)");
+                return code::USAGE;
+            }
+        },
+    };
+    let state = match State::read(&handle) {
+        Ok(s) => s,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            eprintln!(
+                "leasehold: no holder at {} (already released?)",
+                handle.display()
+            );
+            return code::FREE;
+        }
+        Err(e) => {
+            eprintln!("leasehold: cannot read {}: {e}", handle.display());
+            return code::CONFIG;
+        }
+    };
+    if state.state == "lost" {
+        eprintln!(
+            "leasehold: the lease on {:?} was lost: {}",
+            state.key,
+            state.lost_reason.as_deref().unwrap_or("no reason recorded")
+        );
+        let _ = fs::remove_file(&handle);
+        return code::LOST;
+    }
+    let sock = socket_of(&handle);
+    let timeout = args.timeout;
+    let answer = tokio::task::spawn_blocking(move || ask(&sock, "release", timeout)).await;
+    let answer = match answer {
+        Ok(Ok(a)) => a,
+        Ok(Err(e)) => {
+            if alive(state.pid) {
+                eprintln!(
+                    "leasehold: the holder (pid {}) of {:?} does not answer: {e}",
+                    state.pid, state.key
+                );
+                return code::UNAVAILABLE;
+            }
+            eprintln!(
+                "leasehold: the holder (pid {}) of {:?} is gone without releasing; the lock ends by its TTL or session",
+                state.pid, state.key
+            );
+            let _ = fs::remove_file(socket_of(&handle));
+            let _ = fs::remove_file(&handle);
+            return code::LOST;
+        }
+        Err(e) => {
+            eprintln!("leasehold: {e}");
+            return code::UNAVAILABLE;
+        }
+    };
+    // The holder exits right after answering.
+    let t0 = Instant::now();
+    while alive(state.pid) && t0.elapsed() < Duration::from_secs(5) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    match answer
+        .split_once('\t')
+        .map_or((answer.as_str(), ""), |(a, b)| (a, b))
+    {
+        ("released", _) => 0,
+        ("not-held", _) => {
+            eprintln!(
+                "leasehold: the lease on {:?} was no longer held when released",
+                state.key
+            );
+            code::LOST
+        }
+        (_, msg) => {
+            eprintln!("leasehold: release of {:?} failed: {msg}", state.key);
+            code::UNAVAILABLE
+        }
+    }
+}
+
+/// Sends one request to a holder's socket and reads its one-line answer.
+fn ask(sock: &Path, request: &str, timeout: Duration) -> io::Result<String> {
+    let mut stream = UnixStream::connect(sock)?;
+    stream.set_read_timeout(Some(timeout))?;
+    stream.write_all(format!("{request}\n").as_bytes())?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer)?;
+    let answer = answer.trim().to_owned();
+    if answer.is_empty() {
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "the holder closed the connection without an answer",
+        ));
+    }
+    Ok(answer)
+}

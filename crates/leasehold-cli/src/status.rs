@@ -1,0 +1,148 @@
+//! `leasehold status`: what the backend can tell about the holder of a lock.
+
+use leasehold::{FencingKind, HolderInfo, SafetyClass};
+
+use crate::{Target, code, config_of, failure};
+
+#[derive(clap::Args)]
+pub(crate) struct StatusArgs {
+    #[command(flatten)]
+    target: Target,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+pub(crate) async fn status(args: StatusArgs) -> u8 {
+    let config = match config_of(&args.target, None) {
+        Ok(c) => c,
+        Err(e) => return failure(&e),
+    };
+    let locker = match config.build().await {
+        Ok(l) => l,
+        Err(e) => return failure(&e),
+    };
+    let holder = match locker.inspect(args.target.key.as_str()).await {
+        Ok(h) => h,
+        Err(e) => return failure(&e),
+    };
+    let backend = locker.backend().name();
+    let caps = locker.capabilities();
+    let safety = safety_name(caps.safety);
+    let fencing = fencing_name(caps.fencing);
+    if args.json {
+        println!(
+            "{}",
+            json(&args.target.key, backend, safety, fencing, holder.as_ref())
+        );
+    } else {
+        let key = &args.target.key;
+        match &holder {
+            None => println!("{key:?} is free ({backend}: {safety}, fencing {fencing})"),
+            Some(h) => {
+                println!("{key:?} is held ({backend}: {safety}, fencing {fencing})");
+                if let Some(t) = h.fencing {
+                    println!("fencing token: {t}");
+                }
+                if let Some(o) = &h.owner {
+                    println!("owner: {o}");
+                }
+                if let Some(r) = h.remaining {
+                    println!("remaining: {}", humantime::format_duration(round_ms(r)));
+                }
+                if let Some(d) = &h.detail {
+                    println!("detail: {d}");
+                }
+            }
+        }
+    }
+    if holder.is_some() { 0 } else { code::FREE }
+}
+
+fn round_ms(d: std::time::Duration) -> std::time::Duration {
+    std::time::Duration::from_millis(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+fn safety_name(s: SafetyClass) -> &'static str {
+    match s {
+        SafetyClass::Process => "exact within one process",
+        SafetyClass::Host => "exact on one host",
+        SafetyClass::Efficiency => "efficiency lock",
+        SafetyClass::Correctness => "correctness lock",
+        _ => "unknown safety",
+    }
+}
+
+fn fencing_name(f: FencingKind) -> &'static str {
+    match f {
+        FencingKind::None => "none",
+        FencingKind::BestEffort => "best-effort",
+        FencingKind::Monotonic => "monotonic",
+        _ => "unknown",
+    }
+}
+
+/// One JSON object: `key`, `backend`, `safety`, `fencing`, `held`, and when held `owner`,
+/// `fencing_token`, `remaining_ms`, `detail` (each `null` when the backend cannot tell).
+fn json(
+    key: &str,
+    backend: &str,
+    safety: &str,
+    fencing: &str,
+    holder: Option<&HolderInfo>,
+) -> String {
+    let mut s = format!(
+        "{{\"key\":{},\"backend\":{},\"safety\":{},\"fencing\":{},\"held\":{}",
+        string(key),
+        string(backend),
+        string(safety),
+        string(fencing),
+        holder.is_some()
+    );
+    if let Some(h) = holder {
+        let opt = |v: Option<String>| v.unwrap_or_else(|| "null".to_owned());
+        s.push_str(&format!(
+            ",\"owner\":{},\"fencing_token\":{},\"remaining_ms\":{},\"detail\":{}",
+            opt(h.owner.as_ref().map(|o| string(o.as_str()))),
+            opt(h.fencing.map(|t| t.get().to_string())),
+            opt(h.remaining.map(|r| r.as_millis().to_string())),
+            opt(h.detail.as_deref().map(string)),
+        ));
+    }
+    s.push('}');
+    s
+}
+
+/// A JSON string literal.
+fn string(v: &str) -> String {
+    let mut s = String::with_capacity(v.len() + 2);
+    s.push('"');
+    for c in v.chars() {
+        match c {
+            '"' => s.push_str("\\\""),
+            '\\' => s.push_str("\\\\"),
+            '\n' => s.push_str("\\n"),
+            '\r' => s.push_str("\\r"),
+            '\t' => s.push_str("\\t"),
+            c if u32::from(c) < 0x20 => s.push_str(&format!("\\u{:04x}", u32::from(c))),
+            c => s.push(c),
+        }
+    }
+    s.push('"');
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_escapes() {
+        assert_eq!(string("a\"b\\c\n\u{1}"), r#""a\"b\\c\n\u0001""#);
+        let free = json("k", "redis", "efficiency lock", "best-effort", None);
+        assert_eq!(
+            free,
+            r#"{"key":"k","backend":"redis","safety":"efficiency lock","fencing":"best-effort","held":false}"#
+        );
+    }
+}
