@@ -7,8 +7,11 @@ use std::time::Duration;
 use leasehold_core::{LockKey, LockOptions, Locker};
 use leasehold_postgres::{PostgresBackend, PostgresConfig, advisory_key};
 use leasehold_test_support::services::{self, Service};
+#[cfg(feature = "peers")]
 use sqlx::Connection as _;
+#[cfg(feature = "peers")]
 use sqlx::postgres::{PgAdvisoryLock, PgConnectOptions, PgConnection};
+#[cfg(feature = "peers")]
 use tokio_postgres::config::Host;
 use tokio_postgres::{Client, NoTls, Statement};
 
@@ -40,10 +43,14 @@ enum Cycle {
     /// nextval(..) END` + unlock.
     RawToken,
     /// sqlx 0.9 `PgAdvisoryLock::try_acquire` + `PgAdvisoryLockGuard::release_now`.
+    #[cfg(feature = "peers")]
     Sqlx,
 }
 
+#[cfg(feature = "peers")]
 const CYCLES: [Cycle; 4] = [Cycle::Ours, Cycle::Raw, Cycle::RawToken, Cycle::Sqlx];
+#[cfg(not(feature = "peers"))]
+const CYCLES: [Cycle; 3] = [Cycle::Ours, Cycle::Raw, Cycle::RawToken];
 
 impl Cycle {
     fn label(self) -> &'static str {
@@ -51,6 +58,7 @@ impl Cycle {
             Self::Ours => "leasehold PostgresBackend try_acquire + release (with fencing token)",
             Self::Raw => "raw prepared pg_try_advisory_lock + pg_advisory_unlock, one connection",
             Self::RawToken => "raw prepared try-lock-with-nextval + unlock, one connection",
+            #[cfg(feature = "peers")]
             Self::Sqlx => "sqlx 0.9 PgAdvisoryLock try_acquire + release_now",
         }
     }
@@ -60,6 +68,7 @@ impl Cycle {
             Self::Ours => "leasehold",
             Self::Raw => "raw try+unlock",
             Self::RawToken => "raw try+nextval+unlock",
+            #[cfg(feature = "peers")]
             Self::Sqlx => "sqlx PgAdvisoryLock",
         }
     }
@@ -74,7 +83,9 @@ struct Fixture {
     try_lock: Statement,
     try_lock_token: Statement,
     unlock: Statement,
+    #[cfg(feature = "peers")]
     sqlx: PgConnection,
+    #[cfg(feature = "peers")]
     sqlx_lock: PgAdvisoryLock,
 }
 
@@ -104,6 +115,7 @@ impl Fixture {
             .await?;
         let unlock = raw.prepare("SELECT pg_advisory_unlock($1::bigint)").await?;
 
+        #[cfg(feature = "peers")]
         let sqlx = PgConnection::connect_with(&sqlx_options(conninfo)?).await?;
         Ok(Self {
             ours,
@@ -113,7 +125,9 @@ impl Fixture {
             try_lock,
             try_lock_token,
             unlock,
+            #[cfg(feature = "peers")]
             sqlx,
+            #[cfg(feature = "peers")]
             sqlx_lock: PgAdvisoryLock::new(format!("{prefix}sqlx")),
         })
     }
@@ -152,6 +166,7 @@ impl Fixture {
                     return Err("raw: unlock reported the lock not held".into());
                 }
             }
+            #[cfg(feature = "peers")]
             Cycle::Sqlx => match self.sqlx_lock.try_acquire(&mut self.sqlx).await? {
                 sqlx::Either::Left(guard) => {
                     guard.release_now().await?;
@@ -165,8 +180,9 @@ impl Fixture {
     }
 }
 
+#[cfg(feature = "peers")]
 /// sqlx connect options from a URL or a libpq key=value string (via tokio-postgres' parser).
-fn sqlx_options(conninfo: &str) -> Result<PgConnectOptions, BoxError> {
+pub(crate) fn sqlx_options(conninfo: &str) -> Result<PgConnectOptions, BoxError> {
     let pg: tokio_postgres::Config = conninfo.parse()?;
     let mut opts = PgConnectOptions::new_without_pgpass();
     match pg.get_hosts().first() {
@@ -228,13 +244,19 @@ async fn transport(
     }
     t.note(format!(
         "Ours / raw prepared try + unlock, p50: **{:.3}×** (target ≤ 1.1×); ours / raw with the \
-         same one-statement token: **{:.3}×**; sqlx PgAdvisoryLock / raw: **{:.3}×**. Ours \
-         returns a fencing token, registers a health check for the lease and checks \
-         `pg_advisory_unlock`'s answer; the raw cycles do the last only.",
+         same one-statement token: **{:.3}×**. Ours returns a fencing token, registers a health \
+         check for the lease and checks `pg_advisory_unlock`'s answer; the raw cycles do the \
+         last only.",
         ratio(&s[0]),
         s[0].p50.as_secs_f64() / s[2].p50.as_secs_f64(),
-        ratio(&s[3]),
     ));
+    #[cfg(feature = "peers")]
+    t.note(format!(
+        "sqlx PgAdvisoryLock / raw: **{:.3}×**.",
+        ratio(&s[3])
+    ));
+    #[cfg(not(feature = "peers"))]
+    t.note("Peer crates (sqlx's PgAdvisoryLock) not measured: build with `--features peers` to include them.".to_owned());
     Ok((t, bars))
 }
 

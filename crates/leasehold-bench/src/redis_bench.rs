@@ -31,6 +31,11 @@ pub(crate) struct Outcome {
 
 const TTL: Duration = Duration::from_secs(30);
 
+/// The note in place of the peer crates' rows when they are not built.
+#[cfg(not(feature = "peers"))]
+const PEERS_OFF: &str =
+    "Peer crates (rslock) not measured: build with `--features peers` to include them.";
+
 fn locker(backend: impl leasehold_core::LockBackend) -> Result<Locker, BoxError> {
     Ok(Locker::new(backend).with_options(
         LockOptions::default()
@@ -225,21 +230,6 @@ async fn redlock(p: Params, rt: &str, out: &mut Outcome) -> Result<(), BoxError>
     };
     let (o, r) = interleaved(p.iterations, ours_cycle, raw_cycle).await?;
 
-    let rs = rslock::LockManager::new(urls.clone());
-    let rs_key = format!("{}rslock", prefix("redlock"));
-    let (o2, s) = interleaved(p.iterations, ours_cycle, || {
-        let (rs, key) = (&rs, rs_key.clone());
-        async move {
-            let lock = rs
-                .lock(key.as_bytes(), TTL)
-                .await
-                .map_err(|e| format!("rslock: {e:?}"))?;
-            rs.unlock(&lock).await;
-            Ok(())
-        }
-    })
-    .await?;
-
     let mut t = Table::new(
         &format!(
             "Redlock over 5 nodes: acquire + release cycle ({rt} runtime, {} cycles each)",
@@ -249,13 +239,6 @@ async fn redlock(p: Params, rt: &str, out: &mut Outcome) -> Result<(), BoxError>
     );
     summary_row(&mut t, "leasehold RedlockBackend (vs raw)", &o);
     summary_row(&mut t, "raw concurrent fan-out, 50 ms per node", &r);
-    summary_row(&mut t, "leasehold RedlockBackend (vs rslock)", &o2);
-    summary_row(&mut t, "rslock 0.10", &s);
-    t.note(format!(
-        "Ratio ours / raw fan-out, p50: **{:.3}×** (target ≤ 1.1×). Throughput ours / rslock: **{:.2}×** (target ≥ 1.2×).",
-        o.p50.as_secs_f64() / r.p50.as_secs_f64(),
-        o2.per_sec / s.per_sec
-    ));
     out.bars.push(Bar {
         label: format!("redlock: leasehold ({rt})"),
         ms: o.p50.as_secs_f64() * 1e3,
@@ -264,10 +247,39 @@ async fn redlock(p: Params, rt: &str, out: &mut Outcome) -> Result<(), BoxError>
         label: format!("redlock: raw fan-out ({rt})"),
         ms: r.p50.as_secs_f64() * 1e3,
     });
-    out.bars.push(Bar {
-        label: format!("redlock: rslock ({rt})"),
-        ms: s.p50.as_secs_f64() * 1e3,
-    });
+    #[cfg(feature = "peers")]
+    {
+        let rs = rslock::LockManager::new(urls.clone());
+        let rs_key = format!("{}rslock", prefix("redlock"));
+        let (o2, s) = interleaved(p.iterations, ours_cycle, || {
+            let (rs, key) = (&rs, rs_key.clone());
+            async move {
+                let lock = rs
+                    .lock(key.as_bytes(), TTL)
+                    .await
+                    .map_err(|e| format!("rslock: {e:?}"))?;
+                rs.unlock(&lock).await;
+                Ok(())
+            }
+        })
+        .await?;
+        summary_row(&mut t, "leasehold RedlockBackend (vs rslock)", &o2);
+        summary_row(&mut t, "rslock 0.10", &s);
+        t.note(format!(
+            "Throughput ours / rslock: **{:.2}×** (target ≥ 1.2×).",
+            o2.per_sec / s.per_sec
+        ));
+        out.bars.push(Bar {
+            label: format!("redlock: rslock ({rt})"),
+            ms: s.p50.as_secs_f64() * 1e3,
+        });
+    }
+    #[cfg(not(feature = "peers"))]
+    t.note(PEERS_OFF.to_owned());
+    t.note(format!(
+        "Ratio ours / raw fan-out, p50: **{:.3}×** (target ≤ 1.1×).",
+        o.p50.as_secs_f64() / r.p50.as_secs_f64(),
+    ));
     out.tables.push(t);
     Ok(())
 }
@@ -469,35 +481,40 @@ async fn contention(p: Params, rt: &str, out: &mut Outcome) -> Result<(), BoxErr
             grants,
         ));
 
-        let end = Instant::now() + p.contention;
-        let key = format!("{}rslock", prefix("contend"));
-        let grants = contend(c, |task| {
-            let (url, key) = (redis_url.clone(), key.clone());
-            async move {
-                let rs = rslock::LockManager::new(vec![url]);
-                let mut grants = Vec::new();
-                while Instant::now() < end {
-                    let asked = Instant::now();
-                    let guard = rs
-                        .acquire(key.as_bytes(), TTL)
-                        .await
-                        .map_err(|e| format!("rslock: {e:?}"))?;
-                    let got = Instant::now();
-                    tokio::time::sleep(HOLD).await;
-                    let freed = Instant::now();
-                    guard.release().await;
-                    grants.push(Grant {
-                        task,
-                        asked,
-                        got,
-                        freed,
-                    });
+        #[cfg(feature = "peers")]
+        {
+            let end = Instant::now() + p.contention;
+            let key = format!("{}rslock", prefix("contend"));
+            let grants = contend(c, |task| {
+                let (url, key) = (redis_url.clone(), key.clone());
+                async move {
+                    let rs = rslock::LockManager::new(vec![url]);
+                    let mut grants = Vec::new();
+                    while Instant::now() < end {
+                        let asked = Instant::now();
+                        let guard = rs
+                            .acquire(key.as_bytes(), TTL)
+                            .await
+                            .map_err(|e| format!("rslock: {e:?}"))?;
+                        let got = Instant::now();
+                        tokio::time::sleep(HOLD).await;
+                        let freed = Instant::now();
+                        guard.release().await;
+                        grants.push(Grant {
+                            task,
+                            asked,
+                            got,
+                            freed,
+                        });
+                    }
+                    Ok(grants)
                 }
-                Ok(grants)
-            }
-        })
-        .await?;
-        t.row(contention_row("rslock 0.10, a client per task", grants));
+            })
+            .await?;
+            t.row(contention_row("rslock 0.10, a client per task", grants));
+        }
+        #[cfg(not(feature = "peers"))]
+        t.note(PEERS_OFF.to_owned());
 
         let end = Instant::now() + p.contention;
         let lock_id: i64 = rand_id();
