@@ -15,6 +15,8 @@ mod harness;
 mod pg_bench;
 mod redis_bench;
 mod report;
+mod safety;
+mod safety_check;
 mod stats;
 
 use std::path::PathBuf;
@@ -38,6 +40,33 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Suite {
+    /// The safety torture table: every backend under every fault that applies (client pause,
+    /// delayed response, Redis node restarted empty, clock jump, pg_terminate_backend, etcd
+    /// leader kill and lease revoke), counting overlapping holders and stale writes with and
+    /// without fencing. Writes safety.md and safety.csv; fails if an invariant breaks.
+    Safety {
+        /// Smoke test: one run per cell (about a minute), for the test command.
+        #[arg(long)]
+        quick: bool,
+        /// Runs per (backend, fault) cell (default 5; 1 with --quick).
+        #[arg(long)]
+        runs: Option<usize>,
+        /// Which backends (comma-separated): memory, file, redis, redlock, postgres, etcd.
+        #[arg(
+            long,
+            value_delimiter = ',',
+            default_value = "memory,file,redis,redlock,postgres,etcd"
+        )]
+        backends: Vec<String>,
+        /// Which faults (comma-separated): pause, delay, restart, restart-delayed, clock-jump,
+        /// pg-terminate, member-kill, lease-revoke.
+        #[arg(
+            long,
+            value_delimiter = ',',
+            default_value = "pause,delay,restart,restart-delayed,clock-jump,pg-terminate,member-kill,lease-revoke"
+        )]
+        faults: Vec<String>,
+    },
     /// Single-node Redis and Redlock against raw redis-rs, rslock, redis-benchmark and
     /// PostgreSQL's server queue.
     Redis {
@@ -99,6 +128,20 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: &Cli) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    if let Suite::Safety {
+        quick,
+        runs,
+        ref backends,
+        ref faults,
+    } = cli.suite
+    {
+        let params = safety::Params {
+            runs: runs.unwrap_or(if quick { 1 } else { 5 }),
+            backends: backends.clone(),
+            faults: faults.clone(),
+        };
+        return safety::main(&cli.out, &params);
+    }
     if let Suite::Etcd {
         iterations,
         ref deployments,
