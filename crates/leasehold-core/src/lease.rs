@@ -15,6 +15,7 @@ use crate::backend::{ExtendRequest, GrantState, Held, LockBackend, Validity};
 use crate::caps::Capabilities;
 use crate::error::Error;
 use crate::key::LockKey;
+use crate::metrics;
 use crate::policy::{Drift, check_ttl};
 use crate::token::{FencingToken, Owner};
 
@@ -70,15 +71,30 @@ impl Status {
 pub(crate) struct Shared {
     tx: watch::Sender<Status>,
     drift: Drift,
+    /// The backend's name, for the metrics' `backend` label.
+    #[cfg(feature = "metrics")]
+    backend: &'static str,
 }
 
 impl Shared {
-    pub(crate) fn new(drift: Drift) -> Arc<Self> {
+    #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+    pub(crate) fn new(drift: Drift, backend: &'static str) -> Arc<Self> {
         let (tx, _) = watch::channel(Status {
             valid_until: None,
             lost: None,
         });
-        Arc::new(Self { tx, drift })
+        Arc::new(Self {
+            tx,
+            drift,
+            #[cfg(feature = "metrics")]
+            backend,
+        })
+    }
+
+    /// Counts a loss in the metrics (`lost` is the first terminal state of the lease).
+    #[cfg(feature = "metrics")]
+    fn count_loss(&self, lost: &LossReason) {
+        metrics::lost(self.backend, lost);
     }
 
     /// Moves the deadline to match `v`, unless the lease is already lost (loss is final, and a
@@ -90,6 +106,10 @@ impl Shared {
         self.tx.send_if_modified(|s| match s.loss(now) {
             Some(r) => {
                 let changed = s.lost.is_none();
+                #[cfg(feature = "metrics")]
+                if changed {
+                    self.count_loss(&r);
+                }
                 s.lost = Some(r.clone());
                 outcome = Err(r);
                 changed
@@ -106,6 +126,12 @@ impl Shared {
         self.tx.send_if_modified(|s| {
             if s.lost.is_some() {
                 return false;
+            }
+            // A release after the deadline passed unnoticed is still a loss, by expiry.
+            #[cfg(feature = "metrics")]
+            match s.loss(Instant::now()) {
+                Some(expired) if reason == LossReason::Released => self.count_loss(&expired),
+                _ => self.count_loss(&reason),
             }
             s.lost = Some(reason);
             true
@@ -333,6 +359,7 @@ impl Lease {
         shared
             .tx
             .send_modify(|s| s.valid_until = Some(shared.drift.deadline(validity)));
+        metrics::held(backend.name(), 1.0);
         Self {
             inner: Arc::new(Inner {
                 key,
@@ -469,7 +496,10 @@ impl Lease {
                 self.inner.shared.lose(LossReason::NotHeld);
                 Err(self.lost_error(LossReason::NotHeld))
             }
-            Err(e) => Err(e),
+            Err(e) => {
+                metrics::renewal_failed(self.backend_name());
+                Err(e)
+            }
         };
         tracing::debug!(
             key = %self.inner.key,
@@ -499,6 +529,7 @@ impl Lease {
         let result = self.inner.backend.release(self.inner.held()).await;
         if result.is_ok() && !self.inner.released.swap(true, Ordering::AcqRel) {
             self.inner.shared.lose(LossReason::Released);
+            metrics::held(self.backend_name(), -1.0);
         }
         tracing::debug!(
             key = %self.inner.key,
@@ -539,6 +570,7 @@ impl Drop for Lease {
         }
         self.inner.stop_watchdog();
         self.inner.shared.lose(LossReason::Released);
+        metrics::held(self.backend_name(), -1.0);
         let inner = Arc::clone(&self.inner);
         let spawned = spawn_detached(async move {
             match inner.backend.release(inner.held()).await {
@@ -602,6 +634,7 @@ async fn watchdog(lease: Weak<Inner>, interval: Duration) {
                 return;
             }
             Err(e) => {
+                metrics::renewal_failed(inner.backend.name());
                 let now = Instant::now();
                 let deadline = inner.shared.status().valid_until.unwrap_or(now);
                 if now >= deadline {

@@ -34,6 +34,7 @@ mod key;
 mod lease;
 mod locker;
 mod memory;
+pub mod metrics;
 mod policy;
 mod token;
 

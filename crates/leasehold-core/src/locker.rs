@@ -13,6 +13,7 @@ use crate::caps::{Capabilities, RenewalKind, WaitKind};
 use crate::error::{Error, ErrorKind};
 use crate::key::{IntoLockKey, LockKey};
 use crate::lease::{Lease, LeaseInfo, LeaseMonitor, Shared, spawn_detached};
+use crate::metrics;
 use crate::policy::{API, LockOptions};
 use crate::token::Owner;
 
@@ -116,7 +117,9 @@ impl Locker {
         async {
             let started = Instant::now();
             let result = self.attempt(&key, Mode::Try).await.map(|(lease, _)| lease);
-            log_outcome(&result.as_ref().map(Option::is_some), 1, started);
+            let outcome = result.as_ref().map(Option::is_some);
+            metrics::acquired(self.backend.name(), &outcome, started);
+            log_outcome(&outcome, 1, started);
             result
         }
         .instrument(span)
@@ -140,7 +143,9 @@ impl Locker {
             let started = Instant::now();
             let mut attempts = 0u32;
             let result = self.acquire_inner(&key, wait, started, &mut attempts).await;
-            log_outcome(&result.as_ref().map(|_| true), attempts, started);
+            let outcome = result.as_ref().map(|_| true);
+            metrics::acquired(self.backend.name(), &outcome, started);
+            log_outcome(&outcome, attempts, started);
             result
         }
         .instrument(span)
@@ -240,7 +245,7 @@ impl Locker {
             Error::new(ErrorKind::Unavailable, API, "the OS random source failed").with_source(e)
         })?;
         let ttl = self.options.ttl;
-        let shared = Shared::new(self.options.drift);
+        let shared = Shared::new(self.options.drift, self.backend.name());
         let monitor = LeaseMonitor::new(&shared);
         let mut cleanup = Cleanup {
             backend: Arc::clone(&self.backend),
@@ -259,8 +264,13 @@ impl Locker {
                 .map(|w| (w.grant, w.attempts.max(1))),
         };
         let (grant, attempts) = match outcome {
-            Ok(v) => v,
+            Ok(v) => {
+                let contended = v.1 - u32::from(v.0.is_some());
+                metrics::attempted(self.backend.name(), v.1, contended);
+                v
+            }
             Err(e) => {
+                metrics::attempted(self.backend.name(), 1, 0);
                 // Our request may have reached the server; unless the error says nothing was
                 // sent, the cleanup releases by owner as it drops.
                 if matches!(

@@ -101,3 +101,14 @@ pub enum FenceError<E> {
     #[error("inner service error")]
     Service(#[source] E),
 }
+
+/// The error a [`LeaseBody`](crate::lock::LeaseBody) ends with when the lease is lost while the
+/// body streams (under [`OnLost::Abort`](crate::OnLost::Abort)): the response is incomplete.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("lease on {key} lost while the response body streamed: {reason}")]
+pub struct LeaseLostError {
+    /// The key.
+    pub key: LockKey,
+    /// How it was lost.
+    pub reason: LossReason,
+}

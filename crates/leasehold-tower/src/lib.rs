@@ -82,9 +82,15 @@
 mod error;
 pub mod fence;
 pub mod lock;
+mod meter;
+pub mod respond;
 
-pub use error::{Completed, FenceError, LockError};
+pub use error::{Completed, FenceError, LeaseLostError, LockError};
 #[cfg(feature = "postgres")]
 pub use fence::PostgresFenceStore;
 pub use fence::{Admission, Fence, FenceExtractor, FenceLayer, FenceStore, MemoryFenceStore};
-pub use lock::{InsertLease, KeyExtractor, Lock, LockLayer, Mode, OnLost};
+pub use lock::{
+    HeldLease, Hold, InsertLease, KeyExtractor, LeaseBody, Lock, LockLayer, Mode, OnLost,
+    UntilBodyEnd, UntilResponse,
+};
+pub use respond::{ErrorResponse, ErrorResponseLayer, StatusMap};

@@ -2,34 +2,39 @@ use std::future::{Future, IntoFuture};
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
-use leasehold_core::{Error, ErrorKind, Lease, LockKey, LossReason};
+use leasehold_core::{Error, ErrorKind, Lease, LockKey};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
+use super::hold::{HeldLease, Hold, Lost, UntilResponse};
 use super::{InsertLease, OnLost};
+use crate::meter::Meter;
 use crate::{Completed, LockError};
 
 pub(super) type Acquiring = Pin<Box<dyn Future<Output = Result<Option<Lease>, Error>> + Send>>;
-type Lost = Pin<Box<dyn Future<Output = LossReason> + Send>>;
 
 pin_project! {
     /// The response future of [`Lock`](super::Lock): first the lease, then the inner call.
     ///
     /// It owns the [`Lease`] while the inner future runs, so the lease is held until the
-    /// response is ready (or this future is dropped). Then the lease is dropped, which releases
-    /// it in the background (see `leasehold_core::Lease`, "Cancellation and drop": release on
-    /// drop is not immediate).
-    pub struct ResponseFuture<S, Req>
+    /// response is ready (or this future is dropped). Then the [`Hold`] policy gets it: the
+    /// default drops it, which releases it in the background (see `leasehold_core::Lease`,
+    /// "Cancellation and drop": release on drop is not immediate);
+    /// [`UntilBodyEnd`](super::UntilBodyEnd) moves it into the response body.
+    pub struct ResponseFuture<S, Req, H = UntilResponse>
     where
         S: Service<Req>,
     {
         #[pin]
         state: State<S, Req>,
+        hold: H,
+        meter: Meter,
     }
 }
 
 pin_project! {
     #[project = StateProj]
+    #[project_replace = StateOwn]
     enum State<S, Req>
     where
         S: Service<Req>,
@@ -59,25 +64,32 @@ pin_project! {
     }
 }
 
-impl<S: Service<Req>, Req> ResponseFuture<S, Req> {
-    pub(super) fn pass(fut: S::Future) -> Self {
+impl<S: Service<Req>, Req, H> ResponseFuture<S, Req, H> {
+    pub(super) fn pass(fut: S::Future, hold: H, meter: Meter) -> Self {
         Self {
             state: State::Pass { fut },
+            hold,
+            meter,
         }
     }
 
-    pub(super) fn failed(err: LockError<S::Error, S::Response>) -> Self {
+    pub(super) fn failed(err: LockError<S::Error, S::Response>, hold: H, meter: Meter) -> Self {
         Self {
             state: State::Failed { err: Some(err) },
+            hold,
+            meter,
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn acquire(
         acquiring: Acquiring,
         svc: S,
         req: Req,
         key: LockKey,
         on_lost: OnLost,
+        hold: H,
+        meter: Meter,
     ) -> Self {
         Self {
             state: State::Acquire {
@@ -87,7 +99,24 @@ impl<S: Service<Req>, Req> ResponseFuture<S, Req> {
                 key,
                 on_lost,
             },
+            hold,
+            meter,
         }
+    }
+}
+
+/// The `outcome` label of a request's result (see the `metrics` feature).
+fn outcome<T, E, R>(result: &Result<T, LockError<E, R>>, locked: bool) -> &'static str {
+    match result {
+        Ok(_) if locked => "ok",
+        Ok(_) => "unlocked",
+        Err(LockError::Service(_)) if locked => "service_error",
+        Err(LockError::Service(_)) => "unlocked",
+        Err(LockError::Contended { .. }) => "contended",
+        Err(LockError::Timeout { .. }) => "timeout",
+        Err(LockError::Unavailable(_)) => "unavailable",
+        Err(LockError::LeaseLost { .. }) => "lease_lost",
+        Err(LockError::Lock(_)) => "lock_error",
     }
 }
 
@@ -115,96 +144,130 @@ fn acquire_error<E, R>(key: &LockKey, e: Error) -> LockError<E, R> {
     }
 }
 
-impl<S, Req> Future for ResponseFuture<S, Req>
+impl<S, Req, H> Future for ResponseFuture<S, Req, H>
 where
     S: Service<Req>,
     Req: InsertLease,
+    H: Hold<S::Response>,
 {
-    type Output = Result<S::Response, LockError<S::Error, S::Response>>;
+    type Output = Result<H::Response, LockError<S::Error, S::Response>>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let mut this = self.project();
-        loop {
-            match this.state.as_mut().project() {
-                StateProj::Pass { fut } => return fut.poll(cx).map_err(LockError::Service),
-                StateProj::Failed { err } => {
-                    let err = err.take();
-                    this.state.set(State::Done);
-                    match err {
-                        Some(e) => return Poll::Ready(Err(e)),
-                        None => panic!("ResponseFuture polled after completion"),
+        let this = self.project();
+        let locked = !matches!(*this.state, State::Pass { .. });
+        let out = ready!(poll_state(this.state, this.hold, cx));
+        this.meter.record(outcome(&out, locked));
+        Poll::Ready(out)
+    }
+}
+
+type Output<S, Req, H> = Result<
+    <H as Hold<<S as Service<Req>>::Response>>::Response,
+    LockError<<S as Service<Req>>::Error, <S as Service<Req>>::Response>,
+>;
+
+fn poll_state<S, Req, H>(
+    mut state: Pin<&mut State<S, Req>>,
+    hold: &H,
+    cx: &mut Context<'_>,
+) -> Poll<Output<S, Req, H>>
+where
+    S: Service<Req>,
+    Req: InsertLease,
+    H: Hold<S::Response>,
+{
+    loop {
+        match state.as_mut().project() {
+            StateProj::Pass { fut } => {
+                let out = ready!(fut.poll(cx));
+                return Poll::Ready(out.map(|r| hold.unlocked(r)).map_err(LockError::Service));
+            }
+            StateProj::Failed { err } => {
+                let err = err.take();
+                state.set(State::Done);
+                match err {
+                    Some(e) => return Poll::Ready(Err(e)),
+                    None => panic!("ResponseFuture polled after completion"),
+                }
+            }
+            StateProj::Acquire {
+                acquiring,
+                svc,
+                req,
+                key,
+                on_lost,
+            } => {
+                let outcome = ready!(acquiring.as_mut().poll(cx));
+                let lease = match outcome {
+                    Ok(Some(lease)) => lease,
+                    Ok(None) => {
+                        let key = key.clone();
+                        state.set(State::Done);
+                        return Poll::Ready(Err(LockError::Contended { key }));
                     }
-                }
-                StateProj::Acquire {
-                    acquiring,
-                    svc,
-                    req,
-                    key,
-                    on_lost,
-                } => {
-                    let outcome = ready!(acquiring.as_mut().poll(cx));
-                    let lease = match outcome {
-                        Ok(Some(lease)) => lease,
-                        Ok(None) => {
-                            let key = key.clone();
-                            this.state.set(State::Done);
-                            return Poll::Ready(Err(LockError::Contended { key }));
-                        }
-                        Err(e) => {
-                            let err = acquire_error(key, e);
-                            this.state.set(State::Done);
-                            return Poll::Ready(Err(err));
-                        }
-                    };
-                    let (Some(mut svc), Some(mut req)) = (svc.take(), req.take()) else {
-                        panic!("ResponseFuture polled after completion");
-                    };
-                    let info = lease.info();
-                    let lost: Lost = info.lost.clone().into_future();
-                    req.insert_lease(info);
-                    let fut = svc.call(req);
-                    let on_lost = *on_lost;
-                    this.state.set(State::Call {
-                        fut,
-                        lease,
-                        lost,
-                        on_lost,
-                    });
-                }
-                StateProj::Call {
+                    Err(e) => {
+                        let err = acquire_error(key, e);
+                        state.set(State::Done);
+                        return Poll::Ready(Err(err));
+                    }
+                };
+                let (Some(mut svc), Some(mut req)) = (svc.take(), req.take()) else {
+                    panic!("ResponseFuture polled after completion");
+                };
+                let info = lease.info();
+                let lost: Lost = info.lost.clone().into_future();
+                req.insert_lease(info);
+                let fut = svc.call(req);
+                let on_lost = *on_lost;
+                state.set(State::Call {
                     fut,
                     lease,
                     lost,
                     on_lost,
-                } => {
-                    if *on_lost == OnLost::Abort
-                        && let Poll::Ready(reason) = lost.as_mut().poll(cx)
-                    {
-                        let key = lease.key().clone();
-                        // Dropping the state drops (cancels) the inner future, then the lease.
-                        this.state.set(State::Done);
-                        return Poll::Ready(Err(LockError::LeaseLost {
-                            key,
-                            reason,
-                            completed: None,
-                        }));
-                    }
-                    let out = ready!(fut.poll(cx));
-                    // The deadline may have passed before the lost timer fired: check again.
-                    let loss = lease.loss_reason();
-                    let key = lease.key().clone();
-                    this.state.set(State::Done);
-                    return Poll::Ready(match loss {
-                        None => out.map_err(LockError::Service),
-                        Some(reason) => Err(LockError::LeaseLost {
-                            key,
-                            reason,
-                            completed: Some(Completed::new(out)),
-                        }),
-                    });
-                }
-                StateProj::Done => panic!("ResponseFuture polled after completion"),
+                });
             }
+            StateProj::Call {
+                fut,
+                lease,
+                lost,
+                on_lost,
+            } => {
+                if *on_lost == OnLost::Abort
+                    && let Poll::Ready(reason) = lost.as_mut().poll(cx)
+                {
+                    let key = lease.key().clone();
+                    // Dropping the state drops (cancels) the inner future, then the lease.
+                    state.set(State::Done);
+                    return Poll::Ready(Err(LockError::LeaseLost {
+                        key,
+                        reason,
+                        completed: None,
+                    }));
+                }
+                let out = ready!(fut.poll(cx));
+                let on_lost_mode = *on_lost;
+                // The deadline may have passed before the lost timer fired: check again.
+                let loss = lease.loss_reason();
+                let key = lease.key().clone();
+                let StateOwn::Call { lease, lost, .. } =
+                    state.as_mut().project_replace(State::Done)
+                else {
+                    unreachable!("the state was Call")
+                };
+                return Poll::Ready(match (loss, out) {
+                    (None, Ok(response)) => {
+                        let abort_on = (on_lost_mode == OnLost::Abort).then_some(lost);
+                        Ok(hold.hold(response, HeldLease::new(lease, abort_on)))
+                    }
+                    (None, Err(e)) => Err(LockError::Service(e)),
+                    (Some(reason), out) => Err(LockError::LeaseLost {
+                        key,
+                        reason,
+                        completed: Some(Completed::new(out)),
+                    }),
+                });
+            }
+            StateProj::Done => panic!("ResponseFuture polled after completion"),
         }
     }
 }

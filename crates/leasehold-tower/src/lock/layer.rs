@@ -1,18 +1,24 @@
+use std::sync::Arc;
+
 use leasehold_core::Locker;
 use tower_layer::Layer;
 
+use super::hold::{UntilBodyEnd, UntilResponse};
 use super::{Lock, Mode, OnLost};
 
 /// Wraps a service in [`Lock`]: each request whose key the extractor picks runs under a lease
 /// of that key, taken from `locker`.
 ///
-/// Defaults: [`Mode::Try`] (fail fast on contention) and [`OnLost::Abort`].
+/// Defaults: [`Mode::Try`] (fail fast on contention), [`OnLost::Abort`], and the lease held
+/// until the response is ready ([`UntilResponse`]; see [`hold_body`](Self::hold_body)).
 #[derive(Debug, Clone)]
-pub struct LockLayer<K> {
+pub struct LockLayer<K, H = UntilResponse> {
     locker: Locker,
     extractor: K,
     mode: Mode,
     on_lost: OnLost,
+    hold: H,
+    route: Option<Arc<str>>,
 }
 
 impl<K> LockLayer<K> {
@@ -23,9 +29,13 @@ impl<K> LockLayer<K> {
             extractor,
             mode: Mode::Try,
             on_lost: OnLost::default(),
+            hold: UntilResponse,
+            route: None,
         }
     }
+}
 
+impl<K, H> LockLayer<K, H> {
     /// One attempt per request; contention fails the request.
     pub fn try_lock(mut self) -> Self {
         self.mode = Mode::Try;
@@ -49,10 +59,37 @@ impl<K> LockLayer<K> {
         self.on_lost = on_lost;
         self
     }
+
+    /// Names the route of these requests in the metrics (`route` label of
+    /// `leasehold_requests_total`, with the `metrics` feature). A
+    /// [`KeyExtractor::route`](super::KeyExtractor::route) that derives one per request wins.
+    pub fn route(mut self, route: impl Into<Arc<str>>) -> Self {
+        self.route = Some(route.into());
+        self
+    }
+
+    /// For `http` services: hold each lease until the response **body** has finished
+    /// streaming (or is dropped), not just until the response head is ready. The response body
+    /// becomes a [`LeaseBody`](super::LeaseBody).
+    pub fn hold_body(self) -> LockLayer<K, UntilBodyEnd> {
+        self.hold(UntilBodyEnd)
+    }
+
+    /// Sets what is done with the lease when the response is ready (see [`Hold`](super::Hold)).
+    pub fn hold<H2>(self, hold: H2) -> LockLayer<K, H2> {
+        LockLayer {
+            locker: self.locker,
+            extractor: self.extractor,
+            mode: self.mode,
+            on_lost: self.on_lost,
+            hold,
+            route: self.route,
+        }
+    }
 }
 
-impl<S, K: Clone> Layer<S> for LockLayer<K> {
-    type Service = Lock<S, K>;
+impl<S, K: Clone, H: Clone> Layer<S> for LockLayer<K, H> {
+    type Service = Lock<S, K, H>;
 
     fn layer(&self, inner: S) -> Self::Service {
         Lock::new(
@@ -62,5 +99,7 @@ impl<S, K: Clone> Layer<S> for LockLayer<K> {
             self.mode,
             self.on_lost,
         )
+        .with_hold(self.hold.clone())
+        .with_route(self.route.clone())
     }
 }

@@ -1,6 +1,7 @@
 //! [`LockLayer`]: hold a lease around each request (the client side).
 
 mod future;
+mod hold;
 mod layer;
 mod service;
 
@@ -9,6 +10,7 @@ use std::time::Duration;
 use leasehold_core::LeaseInfo;
 
 pub use future::ResponseFuture;
+pub use hold::{HeldLease, Hold, LeaseBody, UntilBodyEnd, UntilResponse};
 pub use layer::LockLayer;
 pub use service::Lock;
 
@@ -51,6 +53,15 @@ pub enum OnLost {
 pub trait KeyExtractor<Req> {
     /// The key to lock for `req`, or `None` to pass it through unlocked.
     fn extract(&self, req: &Req) -> Option<String>;
+
+    /// The `route` label of `req` in the metrics (the `metrics` feature), when it is derived
+    /// from the request; `None` (the default) uses the layer's
+    /// [`route`](super::LockLayer::route). Keep the number of distinct routes small: each is a
+    /// time series.
+    fn route(&self, req: &Req) -> Option<String> {
+        let _ = req;
+        None
+    }
 }
 
 impl<F, Req> KeyExtractor<Req> for F

@@ -5,8 +5,10 @@ use leasehold_core::{Error, LockKey, Locker};
 use tower_service::Service;
 
 use super::future::{Acquiring, ResponseFuture};
+use super::hold::{Hold, UntilResponse};
 use super::{InsertLease, KeyExtractor, Mode, OnLost};
 use crate::LockError;
+use crate::meter::Meter;
 
 /// Runs each request under a lease of its key (see [`LockLayer`](super::LockLayer)).
 ///
@@ -15,16 +17,18 @@ use crate::LockError;
 /// request reaches exactly the service instance that said it was ready, after the lease is
 /// granted.
 #[derive(Debug, Clone)]
-pub struct Lock<S, K> {
+pub struct Lock<S, K, H = UntilResponse> {
     inner: S,
     locker: Locker,
     extractor: K,
     mode: Mode,
     on_lost: OnLost,
+    hold: H,
+    route: Option<std::sync::Arc<str>>,
 }
 
 impl<S, K> Lock<S, K> {
-    /// Wraps `inner`.
+    /// Wraps `inner`, holding each lease until the response is ready.
     pub fn new(inner: S, locker: Locker, extractor: K, mode: Mode, on_lost: OnLost) -> Self {
         Self {
             inner,
@@ -32,7 +36,30 @@ impl<S, K> Lock<S, K> {
             extractor,
             mode,
             on_lost,
+            hold: UntilResponse,
+            route: None,
         }
+    }
+}
+
+impl<S, K, H> Lock<S, K, H> {
+    /// The same service with another [`Hold`] policy.
+    pub fn with_hold<H2>(self, hold: H2) -> Lock<S, K, H2> {
+        Lock {
+            inner: self.inner,
+            locker: self.locker,
+            extractor: self.extractor,
+            mode: self.mode,
+            on_lost: self.on_lost,
+            hold,
+            route: self.route,
+        }
+    }
+
+    /// The same service with this `route` label on its metrics (the `metrics` feature).
+    pub fn with_route(mut self, route: Option<std::sync::Arc<str>>) -> Self {
+        self.route = route;
+        self
     }
 
     /// The inner service.
@@ -49,33 +76,52 @@ impl<S, K> Lock<S, K> {
     pub fn into_inner(self) -> S {
         self.inner
     }
+
+    /// The metrics label of one request: the extractor's route, else the layer's.
+    #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+    fn meter<Req>(&self, req: &Req) -> Meter
+    where
+        K: KeyExtractor<Req>,
+    {
+        #[cfg(feature = "metrics")]
+        {
+            let route = match self.extractor.route(req) {
+                Some(r) => Some(metrics::SharedString::from(r)),
+                None => self.route.clone().map(metrics::SharedString::from),
+            };
+            Meter::new(route)
+        }
+        #[cfg(not(feature = "metrics"))]
+        Meter::default()
+    }
 }
 
-impl<S, K, Req> Service<Req> for Lock<S, K>
+impl<S, K, H, Req> Service<Req> for Lock<S, K, H>
 where
     S: Service<Req> + Clone,
     K: KeyExtractor<Req>,
     Req: InsertLease,
+    H: Hold<S::Response> + Clone,
 {
-    type Response = S::Response;
+    type Response = H::Response;
     type Error = LockError<S::Error, S::Response>;
-    type Future = ResponseFuture<S, Req>;
+    type Future = ResponseFuture<S, Req, H>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx).map_err(LockError::Service)
     }
 
     fn call(&mut self, req: Req) -> Self::Future {
+        let meter = self.meter(&req);
+        let hold = self.hold.clone();
         let Some(key) = self.extractor.extract(&req) else {
-            return ResponseFuture::pass(self.inner.call(req));
+            return ResponseFuture::pass(self.inner.call(req), hold, meter);
         };
         let key = match LockKey::new(key) {
             Ok(k) => k,
             Err(e) => {
-                return ResponseFuture::failed(LockError::Lock(Error::invalid_key(
-                    self.locker.backend().name(),
-                    e,
-                )));
+                let err = LockError::Lock(Error::invalid_key(self.locker.backend().name(), e));
+                return ResponseFuture::failed(err, hold, meter);
             }
         };
         let clone = self.inner.clone();
@@ -88,6 +134,6 @@ where
                 Box::pin(async move { locker.acquire(k, budget).await.map(Some) })
             }
         };
-        ResponseFuture::acquire(acquiring, ready, req, key, self.on_lost)
+        ResponseFuture::acquire(acquiring, ready, req, key, self.on_lost, hold, meter)
     }
 }

@@ -1,0 +1,160 @@
+//! Metrics through the [`metrics`](https://docs.rs/metrics) facade (the `metrics` feature).
+//!
+//! With the feature on, [`Locker`](crate::Locker) and [`Lease`](crate::Lease) record the
+//! metrics below into whatever recorder the application installed (a Prometheus exporter, for
+//! example; with none installed, recording does nothing). With the feature off, nothing is
+//! compiled in: the recording calls are empty functions. The names are constants here so that
+//! code reading the metrics back does not repeat string literals.
+//!
+//! | name | type | labels | what it counts |
+//! |---|---|---|---|
+//! | `leasehold_acquire_seconds` | histogram | `backend`, `outcome` | duration of each `try_acquire` / `acquire` call; `outcome` is `acquired`, `contended` (held elsewhere: `try_acquire` only), `timeout` (the wait budget ran out) or `error` |
+//! | `leasehold_acquire_attempts_total` | counter | `backend` | requests sent to the backend to take a lock (a waiting `acquire` makes several; a native wait counts what the backend reports) |
+//! | `leasehold_contended_total` | counter | `backend` | attempts that found the lock held by someone else |
+//! | `leasehold_acquire_timeouts_total` | counter | `backend` | `acquire` calls whose wait budget ran out |
+//! | `leasehold_leases_lost_total` | counter | `backend`, `reason` | leases lost before their holder let go: `reason` is `expired` (the validity deadline passed unrenewed), `not_held` (the backend no longer had the grant), `renewal_failed` or `backend` (the backend reported the loss: a dead session, a revoked lease) |
+//! | `leasehold_leases_held` | gauge | `backend` | leases granted to this process and not yet released or dropped (a lost lease counts until its holder drops it) |
+//! | `leasehold_renewal_failures_total` | counter | `backend` | renewals (watchdog or [`Lease::extend`](crate::Lease::extend)) that failed with a fault; the lease stays valid until its deadline |
+//! | `leasehold_requests_total` | counter | `route`, `outcome` | recorded by `leasehold-tower`'s `LockLayer`: one per request, see its documentation |
+//!
+//! `backend` is the backend's name (`memory`, `redis`, `redlock`, `postgres`, `etcd`, `file`,
+//! …). Call [`describe`] once after installing the recorder to register units and help texts.
+
+/// Histogram: seconds per `try_acquire` / `acquire` call, by `backend` and `outcome`.
+pub const ACQUIRE_SECONDS: &str = "leasehold_acquire_seconds";
+/// Counter: attempts sent to the backend, by `backend`.
+pub const ACQUIRE_ATTEMPTS: &str = "leasehold_acquire_attempts_total";
+/// Counter: attempts that found the lock held elsewhere, by `backend`.
+pub const CONTENDED: &str = "leasehold_contended_total";
+/// Counter: `acquire` calls that ran out of wait budget, by `backend`.
+pub const ACQUIRE_TIMEOUTS: &str = "leasehold_acquire_timeouts_total";
+/// Counter: leases lost before release, by `backend` and `reason`.
+pub const LEASES_LOST: &str = "leasehold_leases_lost_total";
+/// Gauge: leases held (granted, not yet released or dropped), by `backend`.
+pub const LEASES_HELD: &str = "leasehold_leases_held";
+/// Counter: renewals that failed with a fault, by `backend`.
+pub const RENEWAL_FAILURES: &str = "leasehold_renewal_failures_total";
+/// Counter: requests through `leasehold-tower`'s `LockLayer`, by `route` and `outcome`.
+pub const REQUESTS: &str = "leasehold_requests_total";
+
+#[cfg(feature = "metrics")]
+use crate::error::ErrorKind;
+#[cfg(feature = "metrics")]
+use crate::lease::LossReason;
+
+/// Registers the unit and help text of every metric with the installed recorder (the
+/// Prometheus exporter prints them as `# HELP` lines). Needs the `metrics` feature.
+#[cfg(feature = "metrics")]
+pub fn describe() {
+    use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+    describe_histogram!(
+        ACQUIRE_SECONDS,
+        Unit::Seconds,
+        "Duration of lock acquisitions, by backend and outcome"
+    );
+    describe_counter!(
+        ACQUIRE_ATTEMPTS,
+        Unit::Count,
+        "Lock attempts sent to the backend"
+    );
+    describe_counter!(
+        CONTENDED,
+        Unit::Count,
+        "Lock attempts that found the lock held elsewhere"
+    );
+    describe_counter!(
+        ACQUIRE_TIMEOUTS,
+        Unit::Count,
+        "Acquisitions whose wait budget ran out"
+    );
+    describe_counter!(
+        LEASES_LOST,
+        Unit::Count,
+        "Leases lost before their holder let go, by reason"
+    );
+    describe_gauge!(
+        LEASES_HELD,
+        Unit::Count,
+        "Leases granted and not yet released"
+    );
+    describe_counter!(
+        RENEWAL_FAILURES,
+        Unit::Count,
+        "Lease renewals that failed with a fault"
+    );
+    describe_counter!(
+        REQUESTS,
+        Unit::Count,
+        "Requests through LockLayer, by route and outcome"
+    );
+}
+
+/// One request to the backend: `attempts` sent, `contended` of them found the lock held.
+#[inline(always)]
+pub(crate) fn attempted(backend: &'static str, attempts: u32, contended: u32) {
+    #[cfg(feature = "metrics")]
+    {
+        metrics::counter!(ACQUIRE_ATTEMPTS, "backend" => backend).increment(u64::from(attempts));
+        if contended > 0 {
+            metrics::counter!(CONTENDED, "backend" => backend).increment(u64::from(contended));
+        }
+    }
+    #[cfg(not(feature = "metrics"))]
+    let _ = (backend, attempts, contended);
+}
+
+/// One `try_acquire` / `acquire` call ended: `Ok(true)` granted, `Ok(false)` held elsewhere.
+#[inline(always)]
+pub(crate) fn acquired(
+    backend: &'static str,
+    result: &Result<bool, &crate::error::Error>,
+    started: tokio::time::Instant,
+) {
+    #[cfg(feature = "metrics")]
+    {
+        let outcome = match result {
+            Ok(true) => "acquired",
+            Ok(false) => "contended",
+            Err(e) if e.kind() == ErrorKind::Timeout => {
+                metrics::counter!(ACQUIRE_TIMEOUTS, "backend" => backend).increment(1);
+                "timeout"
+            }
+            Err(_) => "error",
+        };
+        metrics::histogram!(ACQUIRE_SECONDS, "backend" => backend, "outcome" => outcome)
+            .record(started.elapsed().as_secs_f64());
+    }
+    #[cfg(not(feature = "metrics"))]
+    let _ = (backend, result, started);
+}
+
+/// A lease was granted (`+1`) or released / dropped (`-1`).
+#[inline(always)]
+pub(crate) fn held(backend: &'static str, delta: f64) {
+    #[cfg(feature = "metrics")]
+    metrics::gauge!(LEASES_HELD, "backend" => backend).increment(delta);
+    #[cfg(not(feature = "metrics"))]
+    let _ = (backend, delta);
+}
+
+/// A lease was lost (counted once per lease, at the first sign of the loss).
+#[cfg(feature = "metrics")]
+pub(crate) fn lost(backend: &'static str, reason: &LossReason) {
+    let reason = match reason {
+        LossReason::Expired => "expired",
+        LossReason::NotHeld => "not_held",
+        LossReason::RenewalFailed(_) => "renewal_failed",
+        LossReason::Backend(_) => "backend",
+        LossReason::Released => return,
+    };
+    metrics::counter!(LEASES_LOST, "backend" => backend, "reason" => reason).increment(1);
+}
+
+/// A renewal failed with a fault.
+#[inline(always)]
+pub(crate) fn renewal_failed(backend: &'static str) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!(RENEWAL_FAILURES, "backend" => backend).increment(1);
+    #[cfg(not(feature = "metrics"))]
+    let _ = backend;
+}
