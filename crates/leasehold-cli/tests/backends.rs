@@ -1,0 +1,720 @@
+//! The CLI end to end on each server backend (Redis, Redlock, PostgreSQL, etcd), against the
+//! real servers of `scripts/services up`:
+//!
+//! - two `leasehold run` on one key: the second fails (`--no-wait`, 75), times out (124) or
+//!   waits and runs after the first, with a higher fencing token where the backend mints them;
+//! - a lease lost mid-run (the Redis key deleted, the Redlock key taken on every node,
+//!   `pg_terminate_backend` of the lock session, the etcd lease revoked) terminates the command
+//!   and exits 79;
+//! - `acquire` / `status` / `release` round trips, and a lost lease reported by `release`;
+//! - the key mapping of docs/guide.md: the same lock taken by hand with `redis-cli`, `psql` and
+//!   `etcdctl`, with the exact commands the guide shows.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::*;
+use leasehold_test_support::require_service;
+use leasehold_test_support::services::Service;
+
+/// One backend under test.
+struct Case {
+    url: String,
+    /// `--ttl` for every acquisition.
+    ttl: &'static str,
+    /// Leases carry a fencing token.
+    mints: bool,
+    /// `status` shows the holder's fencing token.
+    status_token: bool,
+}
+
+/// Makes the current holder of `key` lose its lease, for real.
+type Fault = Box<dyn Fn(&str) + Send + Sync>;
+
+// ----- the scenarios, the same for every backend -----
+
+async fn two_runs(rt: &Path, case: &Case, key: &str) {
+    let u = case.url.as_str();
+    let first = Running::start(
+        rt,
+        &[
+            "run",
+            "--key",
+            key,
+            "--url",
+            u,
+            "--ttl",
+            case.ttl,
+            "--",
+            "sh",
+            "-c",
+            "echo \"token=$LEASEHOLD_FENCING_TOKEN\"; sleep 3",
+        ],
+    )
+    .await;
+    let t1 = first.first_line.strip_prefix("token=").unwrap().to_owned();
+    assert_eq!(!t1.is_empty(), case.mints, "token: {t1:?}");
+
+    let t = Instant::now();
+    let out = output(
+        rt,
+        &["run", "--key", key, "--url", u, "--no-wait", "--", "true"],
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(75), "contention: {out:?}");
+    assert!(t.elapsed() < Duration::from_secs(2), "--no-wait waited");
+    assert!(stderr(&out).contains("held by someone else"));
+
+    let out = output(
+        rt,
+        &[
+            "run", "--key", key, "--url", u, "--wait", "300ms", "--", "true",
+        ],
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(124), "timeout: {out:?}");
+
+    let t = Instant::now();
+    let out = output(
+        rt,
+        &[
+            "run",
+            "--key",
+            key,
+            "--url",
+            u,
+            "--ttl",
+            case.ttl,
+            "--wait",
+            "20s",
+            "--",
+            "sh",
+            "-c",
+            "echo \"token=$LEASEHOLD_FENCING_TOKEN\"",
+        ],
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(stderr(&out).contains("waiting up to 20s"), "{out:?}");
+    assert!(
+        t.elapsed() >= Duration::from_millis(1000),
+        "it ran only after the first"
+    );
+    let t2 = stdout(&out)
+        .trim()
+        .strip_prefix("token=")
+        .unwrap()
+        .to_owned();
+    if case.mints {
+        assert!(
+            t2.parse::<u64>().unwrap() > t1.parse::<u64>().unwrap(),
+            "tokens go up: {t1} then {t2}"
+        );
+    }
+    let (code, _, err) = first.finish(Duration::from_secs(10)).await;
+    assert_eq!(code, Some(0), "{err}");
+}
+
+async fn lost_mid_run(rt: &Path, case: &Case, key: &str, lose: &Fault) {
+    let run = Running::start(
+        rt,
+        &[
+            "run",
+            "--key",
+            key,
+            "--url",
+            &case.url,
+            "--ttl",
+            case.ttl,
+            "--grace",
+            "2s",
+            "--",
+            "sh",
+            "-c",
+            "echo ready; trap 'echo got TERM; exit 0' TERM; while true; do sleep 0.1; done",
+        ],
+    )
+    .await;
+    assert_eq!(run.first_line, "ready");
+    lose(key);
+    let t = Instant::now();
+    let (code, out, err) = run.finish(Duration::from_secs(20)).await;
+    assert_eq!(code, Some(79), "lease-lost code: {out} {err}");
+    assert_eq!(out.trim(), "got TERM", "the command got SIGTERM");
+    assert!(err.contains("lost"), "{err}");
+    assert!(
+        t.elapsed() < Duration::from_secs(10),
+        "noticed in {:?}",
+        t.elapsed()
+    );
+}
+
+async fn acquire_status_release(rt: &Path, case: &Case, key: &str) {
+    let u = case.url.as_str();
+    let out = output(
+        rt,
+        &["acquire", "--key", key, "--url", u, "--ttl", case.ttl],
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let ex = exports(&out);
+    assert_eq!(ex["LEASEHOLD_KEY"], key);
+    assert_eq!(
+        ex.contains_key("LEASEHOLD_FENCING_TOKEN"),
+        case.mints,
+        "{ex:?}"
+    );
+    let pid: u32 = ex["LEASEHOLD_HOLDER_PID"].parse().unwrap();
+
+    let st = output(rt, &["status", "--key", key, "--url", u, "--json"]).await;
+    assert_eq!(st.status.code(), Some(0), "held: {st:?}");
+    let json = stdout(&st);
+    assert!(json.contains("\"held\":true"), "{json}");
+    if case.status_token {
+        let token = &ex["LEASEHOLD_FENCING_TOKEN"];
+        assert!(
+            json.contains(&format!("\"fencing_token\":{token}")),
+            "{json}"
+        );
+    }
+    let busy = output(rt, &["acquire", "--key", key, "--url", u, "--no-wait"]).await;
+    assert_eq!(busy.status.code(), Some(75), "{busy:?}");
+    // The holder keeps the lease past several TTLs.
+    tokio::time::sleep(Duration::from_millis(3500)).await;
+    assert!(alive(pid));
+    let st = output(rt, &["status", "--key", key, "--url", u]).await;
+    assert_eq!(st.status.code(), Some(0), "still held: {st:?}");
+
+    let rel = output(rt, &["release", "--key", key, "--url", u]).await;
+    assert_eq!(rel.status.code(), Some(0), "{rel:?}");
+    assert!(!alive(pid));
+    let st = output(rt, &["status", "--key", key, "--url", u]).await;
+    assert_eq!(st.status.code(), Some(1), "free: {st:?}");
+    assert!(stdout(&st).contains("is free"));
+}
+
+async fn lost_while_held(rt: &Path, case: &Case, key: &str, lose: &Fault) {
+    let u = case.url.as_str();
+    let out = output(
+        rt,
+        &["acquire", "--key", key, "--url", u, "--ttl", case.ttl],
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let ex = exports(&out);
+    let pid: u32 = ex["LEASEHOLD_HOLDER_PID"].parse().unwrap();
+    lose(key);
+    eventually("the holder notices", Duration::from_secs(15), || {
+        !alive(pid)
+    })
+    .await;
+    let rel = output(rt, &["release", "--handle", &ex["LEASEHOLD_HANDLE"]]).await;
+    assert_eq!(rel.status.code(), Some(79), "{rel:?}");
+    assert!(stderr(&rel).contains("was lost"), "{rel:?}");
+}
+
+/// Everything above, one key each.
+async fn scenarios(test: &str, case: Case, lose: Fault) {
+    let rt = folder(test);
+    let k = |s: &str| {
+        format!(
+            "{}/{s}",
+            leasehold_test_support::services::unique_prefix(test)
+        )
+    };
+    two_runs(&rt, &case, &k("two")).await;
+    lost_mid_run(&rt, &case, &k("lost-run"), &lose).await;
+    acquire_status_release(&rt, &case, &k("hold")).await;
+    lost_while_held(&rt, &case, &k("lost-hold"), &lose).await;
+    let _ = std::fs::remove_dir_all(&rt);
+}
+
+fn host_port(url: &str) -> (String, String) {
+    let hp = url
+        .split_once("://")
+        .map_or(url, |(_, r)| r)
+        .trim_end_matches('/');
+    let (h, p) = hp.rsplit_once(':').unwrap();
+    (h.to_owned(), p.to_owned())
+}
+
+fn redis_cli(url: &str, args: &[&str]) -> String {
+    let (h, p) = host_port(url);
+    let mut all = vec!["-h", h.as_str(), "-p", p.as_str()];
+    all.extend_from_slice(args);
+    sh_tool("redis-cli", &all).trim().to_owned()
+}
+
+// ----- Redis -----
+
+#[tokio::test]
+async fn redis_end_to_end() {
+    let redis = require_service!(Service::Redis);
+    let url = redis.url().to_owned();
+    let node = url.clone();
+    let lose: Fault = Box::new(move |key| {
+        // The documented key: leasehold:{<key>}.
+        assert_eq!(
+            redis_cli(&node, &["DEL", &format!("leasehold:{{{key}}}")]),
+            "1"
+        );
+    });
+    let case = Case {
+        url,
+        ttl: "3s",
+        mints: true,
+        status_token: true,
+    };
+    scenarios("cli_redis", case, lose).await;
+}
+
+#[tokio::test]
+async fn redis_by_hand_as_the_guide_shows() {
+    let redis = require_service!(Service::Redis);
+    let url = redis.url();
+    let rt = folder("cli_redis_hand");
+    let key = format!(
+        "{}/nightly",
+        leasehold_test_support::services::unique_prefix("hand")
+    );
+    let name = format!("leasehold:{{{key}}}");
+    // Take it by hand: leasehold sees it held.
+    assert_eq!(
+        redis_cli(url, &["SET", &name, "by-hand", "NX", "PX", "30000"]),
+        "OK"
+    );
+    let out = output(
+        &rt,
+        &[
+            "run",
+            "--key",
+            &key,
+            "--url",
+            url,
+            "--no-wait",
+            "--",
+            "true",
+        ],
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(75), "{out:?}");
+    let st = output(&rt, &["status", "--key", &key, "--url", url]).await;
+    assert!(stdout(&st).contains("owner: by-hand"), "{st:?}");
+    // Give it back with the compare-and-delete of the guide.
+    let script =
+        "if redis.call('GET',KEYS[1])==ARGV[1] then return redis.call('DEL',KEYS[1]) end return 0";
+    assert_eq!(
+        redis_cli(url, &["EVAL", script, "1", &name, "by-hand"]),
+        "1"
+    );
+    // While leasehold holds it, SET NX by hand fails.
+    let out = output(&rt, &["acquire", "--key", &key, "--url", url]).await;
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(
+        redis_cli(url, &["SET", &name, "by-hand", "NX", "PX", "30000"]),
+        ""
+    );
+    let token = exports(&out)["LEASEHOLD_FENCING_TOKEN"].clone();
+    assert_eq!(redis_cli(url, &["GET", &format!("{name}:fence")]), token);
+    let rel = output(&rt, &["release", "--key", &key]).await;
+    assert_eq!(rel.status.code(), Some(0));
+    assert_eq!(redis_cli(url, &["EXISTS", &name]), "0");
+    redis_cli(url, &["DEL", &format!("{name}:fence")]);
+    let _ = std::fs::remove_dir_all(&rt);
+}
+
+// ----- Redlock -----
+
+fn redlock_url(nodes: &[String]) -> String {
+    let hosts: Vec<String> = nodes
+        .iter()
+        .map(|u| {
+            u.trim_start_matches("redis://")
+                .trim_end_matches('/')
+                .to_owned()
+        })
+        .collect();
+    format!("redlock://{}", hosts.join(","))
+}
+
+#[tokio::test]
+async fn redlock_end_to_end() {
+    let nodes = require_service!(Service::Redlock).urls().to_vec();
+    let url = redlock_url(&nodes);
+    let lose: Fault = Box::new(move |key| {
+        // Another client takes the key on every node (deleting it is not enough: Redlock's
+        // extend sets it again on a node that lost it).
+        let name = format!("leasehold:{{{key}}}");
+        for n in &nodes {
+            assert_eq!(
+                redis_cli(n, &["SET", &name, "intruder", "PX", "20000"]),
+                "OK"
+            );
+        }
+    });
+    let case = Case {
+        url,
+        ttl: "3s",
+        mints: false,
+        status_token: false,
+    };
+    scenarios("cli_redlock", case, lose).await;
+}
+
+#[tokio::test]
+async fn redlock_by_hand_on_a_majority() {
+    let nodes = require_service!(Service::Redlock).urls().to_vec();
+    let url = redlock_url(&nodes);
+    let rt = folder("cli_redlock_hand");
+    let key = format!(
+        "{}/nightly",
+        leasehold_test_support::services::unique_prefix("hand")
+    );
+    let name = format!("leasehold:{{{key}}}");
+    // SET NX on 3 of the 5 nodes is a majority: leasehold cannot take it.
+    for n in &nodes[..3] {
+        assert_eq!(
+            redis_cli(n, &["SET", &name, "by-hand", "NX", "PX", "30000"]),
+            "OK"
+        );
+    }
+    let out = output(
+        &rt,
+        &[
+            "run",
+            "--key",
+            &key,
+            "--url",
+            &url,
+            "--no-wait",
+            "--",
+            "true",
+        ],
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(75), "{out:?}");
+    for n in &nodes {
+        redis_cli(n, &["DEL", &name]);
+    }
+    let out = output(
+        &rt,
+        &[
+            "run",
+            "--key",
+            &key,
+            "--url",
+            &url,
+            "--no-wait",
+            "--",
+            "true",
+        ],
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let _ = std::fs::remove_dir_all(&rt);
+}
+
+// ----- PostgreSQL -----
+
+fn psql(url: &str, args: &[&str]) -> String {
+    let mut all = vec![url, "-X", "-q", "-At", "-v", "ON_ERROR_STOP=1"];
+    all.extend_from_slice(args);
+    sh_tool("psql", &all).trim().to_owned()
+}
+
+/// The guide's query: end the session holding leasehold's lock on `key`.
+fn pg_terminate_sql(key: &str) -> String {
+    let id = leasehold::postgres::advisory_key(key);
+    format!(
+        "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' \
+         AND objsubid = 1 AND granted AND ((classid::bigint << 32) | objid::bigint) = {id}"
+    )
+}
+
+#[tokio::test]
+async fn postgres_end_to_end() {
+    let pg = require_service!(Service::Postgres);
+    let url = pg.url().to_owned();
+    let admin = url.clone();
+    let lose: Fault = Box::new(move |key| {
+        assert_eq!(psql(&admin, &["-c", &pg_terminate_sql(key)]), "t");
+    });
+    let case = Case {
+        url,
+        ttl: "3s",
+        mints: true,
+        status_token: false,
+    };
+    scenarios("cli_postgres", case, lose).await;
+}
+
+#[tokio::test]
+async fn postgres_by_hand_as_the_guide_shows() {
+    let pg = require_service!(Service::Postgres);
+    let url = pg.url().to_owned();
+    let rt = folder("cli_pg_hand");
+    let key = format!(
+        "{}/nightly",
+        leasehold_test_support::services::unique_prefix("hand")
+    );
+    // The guide's leasehold_key function (as a temporary function: the database is shared).
+    let function = format!(
+        "CREATE FUNCTION pg_temp.leasehold_key(name text) RETURNS bigint LANGUAGE sql IMMUTABLE STRICT AS $lh$ {} $lh$",
+        leasehold::postgres::KEY_SQL.replace("$1", "name")
+    );
+    let computed = psql(
+        &url,
+        &[
+            "-c",
+            &function,
+            "-c",
+            &format!("SELECT pg_temp.leasehold_key('{key}')"),
+        ],
+    );
+    assert_eq!(
+        computed,
+        leasehold::postgres::advisory_key(&key).to_string()
+    );
+
+    // psql holds it for 4 s: leasehold sees it held, then takes it after.
+    let lock = format!("SELECT pg_advisory_lock(pg_temp.leasehold_key('{key}'))");
+    let mut holder = tokio::process::Command::new(tool("psql"))
+        .args([
+            &url,
+            "-X",
+            "-At",
+            "-c",
+            &function,
+            "-c",
+            &lock,
+            "-c",
+            "SELECT pg_sleep(4)",
+        ])
+        .stdout(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    loop {
+        let st = output(&rt, &["status", "--key", &key, "--url", &url]).await;
+        if st.status.code() == Some(0) {
+            assert!(stdout(&st).contains("held by backend pid"), "{st:?}");
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(4), "psql never locked");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let out = output(
+        &rt,
+        &[
+            "run",
+            "--key",
+            &key,
+            "--url",
+            &url,
+            "--no-wait",
+            "--",
+            "true",
+        ],
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(75), "{out:?}");
+    let out = output(
+        &rt,
+        &[
+            "run", "--key", &key, "--url", &url, "--wait", "20s", "--", "true",
+        ],
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(0), "after psql: {out:?}");
+    assert!(holder.wait().await.unwrap().success());
+
+    // And the other way round: while leasehold holds it, psql's try fails.
+    let out = output(&rt, &["acquire", "--key", &key, "--url", &url]).await;
+    assert_eq!(out.status.code(), Some(0));
+    let try_lock = format!("SELECT pg_try_advisory_lock(pg_temp.leasehold_key('{key}'))");
+    assert_eq!(psql(&url, &["-c", &function, "-c", &try_lock]), "f");
+    let rel = output(&rt, &["release", "--key", &key]).await;
+    assert_eq!(rel.status.code(), Some(0));
+    assert_eq!(psql(&url, &["-c", &function, "-c", &try_lock]), "t");
+    let _ = std::fs::remove_dir_all(&rt);
+}
+
+// ----- etcd -----
+
+fn etcdctl(endpoint: &str, args: &[&str]) -> String {
+    let mut all = vec!["--endpoints", endpoint];
+    all.extend_from_slice(args);
+    let out = std::process::Command::new(tool("etcdctl"))
+        .args(&all)
+        .env("ETCDCTL_API", "3")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "etcdctl {args:?}: {out:?}");
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// The lease of the key holding lock `key`, as the guide shows how to find it.
+fn etcd_holder_lease(endpoint: &str, key: &str) -> String {
+    let fields = etcdctl(
+        endpoint,
+        &[
+            "get",
+            "--prefix",
+            &format!("leasehold/{key}/"),
+            "--sort-by=CREATE",
+            "--order=ASCEND",
+            "--limit=1",
+            "-w",
+            "fields",
+        ],
+    );
+    let lease: i64 = fields
+        .lines()
+        .find_map(|l| l.strip_prefix("\"Lease\" : "))
+        .unwrap_or_else(|| panic!("no holder key: {fields}"))
+        .trim()
+        .parse()
+        .unwrap();
+    format!("{lease:x}")
+}
+
+#[tokio::test]
+async fn etcd_end_to_end() {
+    let etcd = require_service!(Service::EtcdCluster);
+    let endpoints = etcd.urls().join(",");
+    let first = etcd.urls()[0].clone();
+    let lose: Fault = Box::new(move |key| {
+        let lease = etcd_holder_lease(&first, key);
+        let said = etcdctl(&first, &["lease", "revoke", &lease]);
+        assert!(said.contains("revoked"), "{said}");
+    });
+    let case = Case {
+        url: format!("etcd://{endpoints}"),
+        ttl: "3s",
+        mints: true,
+        status_token: true,
+    };
+    scenarios("cli_etcd", case, lose).await;
+}
+
+#[tokio::test]
+async fn etcd_by_hand_as_the_guide_shows() {
+    let etcd = require_service!(Service::Etcd);
+    let endpoint = etcd.url().to_owned();
+    let url = format!("etcd://{endpoint}");
+    let rt = folder("cli_etcd_hand");
+    let key = format!(
+        "{}/nightly",
+        leasehold_test_support::services::unique_prefix("hand")
+    );
+    // `etcdctl lock leasehold/<key> CMD` holds our lock while CMD runs.
+    let mut holder = tokio::process::Command::new(tool("etcdctl"))
+        .args([
+            "--endpoints",
+            &endpoint,
+            "lock",
+            &format!("leasehold/{key}"),
+            "sleep",
+            "3",
+        ])
+        .env("ETCDCTL_API", "3")
+        .stdout(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    loop {
+        let st = output(&rt, &["status", "--key", &key, "--url", &url]).await;
+        if st.status.code() == Some(0) {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(3),
+            "etcdctl never locked"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let out = output(
+        &rt,
+        &[
+            "run",
+            "--key",
+            &key,
+            "--url",
+            &url,
+            "--no-wait",
+            "--",
+            "true",
+        ],
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(75), "{out:?}");
+    let out = output(
+        &rt,
+        &[
+            "run", "--key", &key, "--url", &url, "--wait", "20s", "--", "true",
+        ],
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(0), "after etcdctl: {out:?}");
+    assert!(holder.wait().await.unwrap().success());
+
+    // While leasehold holds it, the guide's `get` shows our key first, and `etcdctl lock`
+    // queues behind us (it is still waiting when we release).
+    let out = output(&rt, &["acquire", "--key", &key, "--url", &url]).await;
+    assert_eq!(out.status.code(), Some(0));
+    let ex = exports(&out);
+    let shown = etcdctl(
+        &endpoint,
+        &[
+            "get",
+            "--prefix",
+            &format!("leasehold/{key}/"),
+            "--sort-by=CREATE",
+            "--order=ASCEND",
+            "--limit=1",
+            "-w",
+            "fields",
+        ],
+    );
+    assert!(
+        shown.contains(&format!(
+            "\"CreateRevision\" : {}",
+            ex["LEASEHOLD_FENCING_TOKEN"]
+        )),
+        "{shown}"
+    );
+    let mut queued = tokio::process::Command::new(tool("etcdctl"))
+        .args([
+            "--endpoints",
+            &endpoint,
+            "lock",
+            &format!("leasehold/{key}"),
+            "echo",
+            "mine",
+        ])
+        .env("ETCDCTL_API", "3")
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert!(
+        queued.try_wait().unwrap().is_none(),
+        "etcdctl lock waits for us"
+    );
+    let rel = output(&rt, &["release", "--key", &key]).await;
+    assert_eq!(rel.status.code(), Some(0));
+    let done = tokio::time::timeout(Duration::from_secs(10), queued.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&done.stdout).trim(), "mine");
+    let _ = std::fs::remove_dir_all(&rt);
+}
