@@ -238,12 +238,25 @@ pub(crate) fn spawn_revoke(lease: LeaseClient, id: i64) {
 /// acknowledgement has run out, and then the lease is lost.
 async fn keep_alive(session: Weak<Session>, mut lease: LeaseClient, timeout: Duration) {
     let mut stream: Option<(LeaseKeeper, LeaseKeepAliveStream)> = None;
+    // When `next` was planned: the interval may shrink after that.
+    let mut planned = Instant::now();
     let mut next = match session.upgrade() {
-        Some(s) => Instant::now() + s.interval(),
+        Some(s) => planned + s.interval(),
         None => return,
     };
     loop {
-        tokio::time::sleep_until(next).await;
+        // A grant watched after `next` was planned (the first grant on a fresh session, with a
+        // TTL shorter than the session's) needs an earlier keep-alive: look again every 100 ms.
+        loop {
+            let Some(s) = session.upgrade() else { return };
+            let due = next.min(planned + s.interval());
+            drop(s);
+            let now = Instant::now();
+            if now >= due {
+                break;
+            }
+            tokio::time::sleep((due - now).min(Duration::from_millis(100))).await;
+        }
         let Some(s) = session.upgrade() else { return };
         if s.lost.borrow().is_some() {
             return;
@@ -281,6 +294,7 @@ async fn keep_alive(session: Weak<Session>, mut lease: LeaseClient, timeout: Dur
         match outcome {
             Ok(Ok(ttl)) if ttl > 0 => {
                 s.acked(sent, Duration::from_secs(u64::try_from(ttl).unwrap_or(0)));
+                planned = sent;
                 next = sent + s.interval();
             }
             Ok(Ok(_)) => {
@@ -297,12 +311,14 @@ async fn keep_alive(session: Weak<Session>, mut lease: LeaseClient, timeout: Dur
                 tracing::debug!(lease = %format_args!("{id:x}"), error = %e,
                     "leasehold.etcd: keep-alive failed; reopening the stream");
                 stream = None;
+                planned = Instant::now();
                 next = retry_at(&s);
             }
             Err(_) => {
                 tracing::debug!(lease = %format_args!("{id:x}"), ?limit,
                     "leasehold.etcd: keep-alive unanswered; reopening the stream");
                 stream = None;
+                planned = Instant::now();
                 next = retry_at(&s);
             }
         }
