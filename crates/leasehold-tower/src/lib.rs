@@ -42,6 +42,26 @@
 //! # Ok(()) }
 //! ```
 //!
+//! # `http` services
+//!
+//! [`ErrorResponseLayer`], put outside the `LockLayer`, answers lock failures with responses
+//! by a configurable [`StatusMap`]: 409 Conflict on contention and on an exhausted wait budget,
+//! 503 Service Unavailable when the backend is unreachable or the lease was lost mid-request,
+//! 500 for an invalid key. The inner service's own errors pass through, so an infallible
+//! handler stays infallible (as axum requires). [`LockError::status`] gives the default status
+//! for code that renders errors itself.
+//!
+//! # Metrics
+//!
+//! With the `metrics` feature, every request through a [`Lock`] service increments
+//! `leasehold_requests_total{route, outcome}`. `outcome` is `ok`, `service_error` (the
+//! handler failed under the lock), `unlocked` (no key: passed through), `contended`,
+//! `timeout`, `unavailable`, `lease_lost` or `lock_error`. `route` is the layer's
+//! [`route`](LockLayer::route), or what [`KeyExtractor::route`] derives from the request, or
+//! `unnamed`. The feature also turns on leasehold-core's metrics (acquisition latency,
+//! contention, leases held and lost, renewal failures, by backend): the full table is in
+//! `leasehold_core::metrics`.
+//!
 //! # What this guarantees, and what it does not
 //!
 //! - A request whose key is picked runs only after its lease is granted, and its response is
@@ -74,8 +94,11 @@
 //!   future is dropped, or the lease is lost), the lease is dropped, which releases it **in the
 //!   background**: release on drop is not immediate, another client may see the lock held for
 //!   one more round trip.
-//! - With an `http` response, the lease ends when the response *head* is ready, not when a
-//!   streaming body has finished.
+//! - With an `http` response, the lease ends by default when the response *head* is ready, not
+//!   when a streaming body has finished. [`LockLayer::hold_body`] moves the lease into the
+//!   response body ([`LeaseBody`]), which drops it when the body ends, fails, or is dropped
+//!   (the client went away); a lease lost mid-stream under [`OnLost::Abort`] ends the body with
+//!   a [`LeaseLostError`].
 //! - Dropping a [`Fence`] response future before the token check finishes may still record
 //!   the token as accepted.
 

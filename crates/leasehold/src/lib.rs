@@ -41,6 +41,15 @@
 //! With a driver's feature on, its crate is re-exported as a module: `leasehold::redis`,
 //! `leasehold::postgres`, `leasehold::etcd`.
 //!
+//! # Other features
+//!
+//! - `tower`: the middleware, as `leasehold::tower` — `LockLayer` holds a lease around each
+//!   request (with ready `http` error responses and an option to hold it while a response body
+//!   streams), `FenceLayer` rejects stale fencing tokens at the resource.
+//! - `metrics`: acquisitions, contention, timeouts, leases held and lost, and renewal failures
+//!   through the `metrics` facade, by backend; with `tower`, request outcomes by route. The
+//!   names are in one table in [`metrics`].
+//!
 //! # Choosing the backend by configuration
 //!
 //! [`LockConfig`] reads a TOML file (overridable by `LEASEHOLD_*` environment variables) and
@@ -97,3 +106,7 @@ pub use leasehold_postgres as postgres;
 /// The etcd driver (`etcd` feature): see [`leasehold_etcd`].
 #[cfg(feature = "etcd")]
 pub use leasehold_etcd as etcd;
+
+/// The tower middleware (`tower` feature): see [`leasehold_tower`].
+#[cfg(feature = "tower")]
+pub use leasehold_tower as tower;
