@@ -8,7 +8,7 @@ use leasehold_core::{Error, ErrorKind, FencingToken, LockKey, Owner};
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::{Client, Cmd, Pipeline, RedisError, RedisFuture, Value};
+use redis::{Client, Cmd, FromRedisValue, Pipeline, RedisError, RedisFuture, Script, Value};
 use tokio::sync::OnceCell;
 
 use crate::keys::Names;
@@ -129,18 +129,18 @@ impl Node {
         let mut conn = self.conn().await?;
         let ms = ttl_ms(ttl);
         if fenced {
-            let token: Option<u64> = ACQUIRE_FENCED
-                .key(&names.lock)
-                .key(&names.fence)
+            let mut cmd = evalsha(&ACQUIRE_FENCED, 2, 2);
+            cmd.arg(names.lock())
+                .arg(names.fence())
                 .arg(owner.as_str())
-                .arg(ms)
-                .invoke_async(&mut conn)
+                .arg(ms);
+            let token: Option<u64> = run_script(&mut conn, &ACQUIRE_FENCED, &cmd)
                 .await
                 .map_err(|e| self.error(&e, "acquire"))?;
             Ok(token.map_or(Taken::Held, |t| Taken::Granted(Some(FencingToken::new(t)))))
         } else {
             let set: Option<String> = redis::cmd("SET")
-                .arg(&names.lock)
+                .arg(names.lock())
                 .arg(owner.as_str())
                 .arg("NX")
                 .arg("PX")
@@ -167,16 +167,16 @@ impl Node {
         grace: Duration,
     ) -> Result<Taken, Error> {
         let mut conn = self.conn().await?;
-        let token: Option<u64> = ACQUIRE_FAIR
-            .key(&names.lock)
-            .key(&names.fence)
-            .key(&names.queue)
-            .key(&names.waiters)
+        let mut cmd = evalsha(&ACQUIRE_FAIR, 4, 4);
+        cmd.arg(names.lock())
+            .arg(names.fence())
+            .arg(names.queue())
+            .arg(names.waiters())
             .arg(owner.as_str())
             .arg(ttl_ms(ttl))
             .arg(if enqueue { "1" } else { "0" })
-            .arg(ttl_ms(grace))
-            .invoke_async(&mut conn)
+            .arg(ttl_ms(grace));
+        let token: Option<u64> = run_script(&mut conn, &ACQUIRE_FAIR, &cmd)
             .await
             .map_err(|e| self.error(&e, "acquire"))?;
         Ok(token.map_or(Taken::Held, |t| Taken::Granted(Some(FencingToken::new(t)))))
@@ -191,15 +191,23 @@ impl Node {
         fair: bool,
     ) -> Result<bool, Error> {
         let mut conn = self.conn().await?;
-        let n: i64 = RELEASE
-            .key(&names.lock)
-            .key(&names.channel)
-            .key(&names.queue)
-            .key(&names.waiters)
-            .arg(owner.as_str())
+        // The fair line's names only go along in fair mode (the script reads them only then).
+        let mut cmd = if fair {
+            let mut cmd = evalsha(&RELEASE, 4, 3);
+            cmd.arg(names.lock())
+                .arg(names.channel())
+                .arg(names.queue())
+                .arg(names.waiters());
+            cmd
+        } else {
+            let mut cmd = evalsha(&RELEASE, 2, 3);
+            cmd.arg(names.lock()).arg(names.channel());
+            cmd
+        };
+        cmd.arg(owner.as_str())
             .arg(if self.is_cluster() { "S" } else { "" })
-            .arg(if fair { "F" } else { "" })
-            .invoke_async(&mut conn)
+            .arg(if fair { "F" } else { "" });
+        let n: i64 = run_script(&mut conn, &RELEASE, &cmd)
             .await
             .map_err(|e| self.error(&e, "release"))?;
         Ok(n == 1)
@@ -214,12 +222,12 @@ impl Node {
         reset: bool,
     ) -> Result<bool, Error> {
         let mut conn = self.conn().await?;
-        let n: i64 = EXTEND
-            .key(&names.lock)
+        let mut cmd = evalsha(&EXTEND, 1, 3);
+        cmd.arg(names.lock())
             .arg(owner.as_str())
             .arg(ttl_ms(ttl))
-            .arg(if reset { "1" } else { "0" })
-            .invoke_async(&mut conn)
+            .arg(if reset { "1" } else { "0" });
+        let n: i64 = run_script(&mut conn, &EXTEND, &cmd)
             .await
             .map_err(|e| self.error(&e, "extend"))?;
         Ok(n == 1)
@@ -232,9 +240,9 @@ impl Node {
     ) -> Result<Option<(Owner, Option<Duration>, Option<u64>)>, Error> {
         let mut conn = self.conn().await?;
         let (owner, pttl, fence): (Option<String>, i64, Option<u64>) = redis::pipe()
-            .get(&names.lock)
-            .pttl(&names.lock)
-            .get(&names.fence)
+            .get(names.lock())
+            .pttl(names.lock())
+            .get(names.fence())
             .query_async(&mut conn)
             .await
             .map_err(|e| self.error(&e, "inspect"))?;
@@ -306,6 +314,30 @@ pub(crate) fn redis_error(backend: &'static str, node: &str, e: &RedisError, op:
     };
     // redis-rs errors name the failing command and server message, never the password.
     Error::new(kind, backend, format!("{op} on {node}: {e}"))
+}
+
+/// An `EVALSHA` of `script` with `keys` keys to follow, with room for them and `args` arguments.
+fn evalsha(script: &Script, keys: usize, args: usize) -> Cmd {
+    let mut cmd = Cmd::with_capacity(3 + keys + args, 64 + 64 * (keys + args));
+    cmd.arg("EVALSHA").arg(script.get_hash()).arg(keys);
+    cmd
+}
+
+/// Runs an `EVALSHA` built by [`evalsha`]; on `NOSCRIPT` (a restarted or flushed server) loads
+/// the script and sends it once more. The same as redis-rs' `ScriptInvocation::invoke_async`,
+/// without copying every key and argument into an invocation first and then into the command.
+async fn run_script<T: FromRedisValue>(
+    conn: &mut Conn,
+    script: &Script,
+    cmd: &Cmd,
+) -> Result<T, RedisError> {
+    match cmd.query_async(conn).await {
+        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+            script.load_async(conn).await?;
+            cmd.query_async(conn).await
+        }
+        other => other,
+    }
 }
 
 /// A TTL in whole milliseconds, at least 1.

@@ -1,5 +1,5 @@
 //! The Lua scripts, shared by the single-node and Redlock backends. They run by SHA
-//! (`EVALSHA`), and redis-rs reloads them on `NOSCRIPT`.
+//! (`EVALSHA`), and are loaded again on `NOSCRIPT` (see `node::run_script`).
 
 use std::sync::LazyLock;
 
@@ -61,7 +61,8 @@ return false
     )
 });
 
-/// `KEYS[1]` lock, `KEYS[2]` wake-up channel, `KEYS[3]` fair queue, `KEYS[4]` fair waiters;
+/// `KEYS[1]` lock, `KEYS[2]` wake-up channel, and in fair mode only `KEYS[3]` fair queue,
+/// `KEYS[4]` fair waiters;
 /// `ARGV[1]` owner, `ARGV[2]` `S` to publish on the sharded channel (Redis Cluster: the channel
 /// lives on the lock's slot), `ARGV[3]` `F` in fair mode (also leave the line, if queued).
 /// Deletes the lock only if it holds our owner value, then wakes waiters. 1 if deleted, else 0.

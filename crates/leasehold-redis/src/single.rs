@@ -372,7 +372,12 @@ impl LockBackend for RedisBackend {
             return Ok(Waited::new(None, 0));
         };
         let names = names(&self.inner.config.prefix, req.key);
-        let sub = Subscription::new(&self.inner.node, &self.inner.wake, &names.channel).await?;
+        let sub = Subscription::new(
+            &self.inner.node,
+            &self.inner.wake,
+            &names.channel().to_string(),
+        )
+        .await?;
         let mut attempts = 0u32;
         loop {
             let woken = sub.channel.notify.notified();
@@ -439,5 +444,62 @@ impl LockBackend for RedisBackend {
                 }
                 info
             }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use leasehold_core::{LeaseMonitor, Owner};
+    use leasehold_test_support::require_service;
+    use leasehold_test_support::services::{Service, unique_prefix};
+
+    /// The scripts run by SHA. After `SCRIPT FLUSH` (what a restarted server without them looks
+    /// like) every request loads its script again and succeeds: acquire (plain and fair),
+    /// extend and release.
+    #[tokio::test]
+    async fn scripts_are_loaded_again_after_script_flush() {
+        let ep = require_service!(Service::Redis);
+        let prefix = format!("{}:", unique_prefix("noscript"));
+        let config = RedisConfig::from_url(ep.url())
+            .and_then(|c| c.with_prefix(&prefix))
+            .unwrap();
+        let plain = RedisBackend::connect(config.clone()).await.unwrap();
+        let fair = RedisBackend::connect(config.with_fair_queue(Duration::from_secs(1)).unwrap())
+            .await
+            .unwrap();
+        let flush = async || {
+            let mut c = plain.inner.node.conn().await.unwrap();
+            let () = redis::cmd("SCRIPT")
+                .arg("FLUSH")
+                .query_async(&mut c)
+                .await
+                .unwrap();
+        };
+        let key = LockKey::new("k").unwrap();
+        let ttl = Duration::from_secs(5);
+        let mut last = 0;
+        for backend in [&plain, &fair] {
+            for _ in 0..2 {
+                let owner = Owner::random().unwrap();
+                let monitor = LeaseMonitor::detached();
+                flush().await;
+                let req = LockRequest::new(&key, &owner, ttl, Instant::now(), &monitor);
+                let grant = backend.try_lock(req).await.unwrap().expect("free");
+                let token = grant.fencing.expect("a fencing token").get();
+                assert!(token > last, "token {token} after {last}");
+                last = token;
+                flush().await;
+                let held = Held::new(&key, &owner, grant.fencing, None);
+                let extended = backend.extend(ExtendRequest::new(held, ttl, Instant::now()));
+                assert!(extended.await.unwrap().is_some(), "extend lost the grant");
+                flush().await;
+                assert!(
+                    backend.release(held).await.unwrap(),
+                    "release found nothing"
+                );
+                assert!(!backend.release(held).await.unwrap(), "released twice");
+            }
+        }
     }
 }
