@@ -109,7 +109,7 @@ pub(crate) struct Target {
     #[arg(long)]
     pub(crate) key: String,
     /// The backend URL (file:///dir, redis://…, redlock://…, postgres://…, etcd://…). Default:
-    /// a local file lock in $LEASEHOLD_DIR or the temporary folder.
+    /// $LEASEHOLD_URL, else a local file lock in $LEASEHOLD_DIR or the temporary folder.
     #[arg(long, conflicts_with = "config")]
     pub(crate) url: Option<String>,
     /// A leasehold TOML configuration file (LEASEHOLD_* variables override it).
@@ -178,7 +178,8 @@ pub(crate) fn config_of(target: &Target, ttl: Option<Duration>) -> Result<LockCo
     let mut config = match (&target.config, &target.url) {
         (Some(path), _) => LockConfig::load(path)?,
         (None, Some(url)) => LockConfig::new(url.clone()),
-        (None, None) => LockConfig::new("file://"),
+        // LEASEHOLD_URL (and the other LEASEHOLD_* variables) may name the backend.
+        (None, None) => LockConfig::new("file://").with_env()?,
     };
     if let Some(ttl) = ttl {
         config = config.with_ttl(ttl);
@@ -197,7 +198,20 @@ pub(crate) fn location_of(target: &Target) -> String {
                 .display()
         ),
         (None, Some(url)) => strip_userinfo(url),
-        (None, None) => format!("file://{}", leasehold::FileConfig::default_dir().display()),
+        (None, None) => {
+            let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+            match (var("LEASEHOLD_URL"), var("LEASEHOLD_URLS")) {
+                (Some(url), _) => strip_userinfo(&url),
+                (None, Some(urls)) => urls
+                    .split(',')
+                    .map(|u| strip_userinfo(u.trim()))
+                    .collect::<Vec<_>>()
+                    .join(","),
+                (None, None) => {
+                    format!("file://{}", leasehold::FileConfig::default_dir().display())
+                }
+            }
+        }
     }
 }
 

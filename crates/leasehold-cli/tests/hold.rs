@@ -253,3 +253,25 @@ async fn bad_input_gives_the_documented_codes() {
     assert_eq!(out.status.code(), Some(1));
     let _ = std::fs::remove_dir_all(&rt);
 }
+
+#[tokio::test]
+async fn leasehold_url_names_the_backend_when_no_flag_does() {
+    let rt = folder("cli_hold_env");
+    let u = url(&rt);
+    let out = lh(&rt, &["acquire", "--key", "from-env"])
+        .env("LEASEHOLD_URL", &u)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(
+        rt.join("locks").join("from-env.lock").exists(),
+        "locked in $LEASEHOLD_URL's folder"
+    );
+    let st = output(&rt, &["status", "--key", "from-env", "--url", &u]).await;
+    assert_eq!(st.status.code(), Some(0), "{st:?}");
+    // release --url finds the holder by that location.
+    let rel = output(&rt, &["release", "--key", "from-env", "--url", &u]).await;
+    assert_eq!(rel.status.code(), Some(0), "{rel:?}");
+    let _ = std::fs::remove_dir_all(&rt);
+}
