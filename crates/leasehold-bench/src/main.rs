@@ -12,6 +12,7 @@
 
 mod etcd_bench;
 mod harness;
+mod perf;
 mod pg_bench;
 mod redis_bench;
 mod report;
@@ -66,6 +67,39 @@ enum Suite {
             default_value = "pause,delay,restart,restart-delayed,clock-jump,pg-terminate,member-kill,lease-revoke"
         )]
         faults: Vec<String>,
+    },
+    /// Every backend side by side with its raw protocol cycle and the peer crates (with
+    /// `--features peers`): uncontended latency, throughput on distinct keys, one contended
+    /// key, Redlock on 3/5/7 nodes and with one node black-holed or slowed. Writes perf.md,
+    /// perf.csv and SVG charts.
+    Perf {
+        /// Smoke test: every group with tiny counts, well under a minute; fails on any error,
+        /// lock left behind or nonsensical figure, never on timings.
+        #[arg(long)]
+        quick: bool,
+        /// Cycles per implementation in the uncontended scenario.
+        #[arg(long, default_value_t = 1_000)]
+        iterations: usize,
+        /// At most this many seconds per implementation in the uncontended scenario.
+        #[arg(long, default_value_t = 4.0)]
+        cycle_budget_secs: f64,
+        /// Task counts of the throughput scenario (comma-separated).
+        #[arg(long, value_delimiter = ',', default_value = "1,8,64")]
+        concurrency: Vec<usize>,
+        /// Seconds of each throughput run.
+        #[arg(long, default_value_t = 1.0)]
+        throughput_secs: f64,
+        /// Clients contending on one key.
+        #[arg(long, default_value_t = 8)]
+        clients: usize,
+        /// Seconds of each contention run.
+        #[arg(long, default_value_t = 2.0)]
+        contention_secs: f64,
+        /// Which groups to run (comma-separated; default all): memory, file, redis, redlock3,
+        /// redlock5, redlock7, redlock5-blackhole, redlock5-slow, postgres-tcp, postgres-unix,
+        /// etcd, etcd-cluster.
+        #[arg(long, value_delimiter = ',')]
+        groups: Vec<String>,
     },
     /// Single-node Redis and Redlock against raw redis-rs, rslock, redis-benchmark and
     /// PostgreSQL's server queue.
@@ -141,6 +175,33 @@ fn run(cli: &Cli) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
             faults: faults.clone(),
         };
         return safety::main(&cli.out, &params);
+    }
+    if let Suite::Perf {
+        quick,
+        iterations,
+        cycle_budget_secs,
+        ref concurrency,
+        throughput_secs,
+        clients,
+        contention_secs,
+        ref groups,
+    } = cli.suite
+    {
+        let params = if quick {
+            perf::Params::quick(groups.clone())
+        } else {
+            perf::Params {
+                iterations,
+                cycle_budget: Duration::try_from_secs_f64(cycle_budget_secs)?,
+                concurrency: concurrency.clone(),
+                throughput: Duration::try_from_secs_f64(throughput_secs)?,
+                clients,
+                contention: Duration::try_from_secs_f64(contention_secs)?,
+                groups: groups.clone(),
+                quick: false,
+            }
+        };
+        return perf::main(cli, params);
     }
     if let Suite::Etcd {
         iterations,
