@@ -275,3 +275,65 @@ async fn leasehold_url_names_the_backend_when_no_flag_does() {
     assert_eq!(rel.status.code(), Some(0), "{rel:?}");
     let _ = std::fs::remove_dir_all(&rt);
 }
+
+#[tokio::test]
+async fn flock_takes_the_same_lock_as_the_guide_shows() {
+    let rt = folder("cli_hold_flock");
+    let u = url(&rt);
+    let dir = rt.join("locks");
+    std::fs::create_dir_all(&dir).unwrap();
+    let lock = dir.join("nightly.lock");
+    // flock(1) holds it: leasehold sees it held.
+    let mut by_hand = tokio::process::Command::new("flock")
+        .arg("-n")
+        .arg(&lock)
+        .args(["-c", "echo locked; sleep 3"])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    tokio::io::AsyncBufReadExt::read_line(
+        &mut tokio::io::BufReader::new(by_hand.stdout.take().unwrap()),
+        &mut line,
+    )
+    .await
+    .unwrap();
+    assert_eq!(line.trim(), "locked");
+    let out = output(
+        &rt,
+        &[
+            "run",
+            "--key",
+            "nightly",
+            "--url",
+            &u,
+            "--no-wait",
+            "--",
+            "true",
+        ],
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(75), "{out:?}");
+    assert!(by_hand.wait().await.unwrap().success());
+    // leasehold holds it: flock -n fails (exit 1).
+    let out = output(&rt, &["acquire", "--key", "nightly", "--url", &u]).await;
+    assert_eq!(out.status.code(), Some(0));
+    let f = std::process::Command::new("flock")
+        .arg("-n")
+        .arg(&lock)
+        .args(["-c", "true"])
+        .status()
+        .unwrap();
+    assert_eq!(f.code(), Some(1));
+    let rel = output(&rt, &["release", "--key", "nightly"]).await;
+    assert_eq!(rel.status.code(), Some(0));
+    let f = std::process::Command::new("flock")
+        .arg("-n")
+        .arg(&lock)
+        .args(["-c", "true"])
+        .status()
+        .unwrap();
+    assert_eq!(f.code(), Some(0));
+    let _ = std::fs::remove_dir_all(&rt);
+}
