@@ -20,7 +20,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use futures_util::future::LocalBoxFuture;
-use leasehold_core::{Capabilities, FencingToken, Lease, Locker};
+use leasehold_core::{Capabilities, ErrorKind, FencingToken, Lease, Locker};
 use leasehold_test_support::fence::FencedResource;
 use tokio::sync::{mpsc, oneshot};
 
@@ -164,12 +164,13 @@ enum Cmd {
 /// One lock client on a thread and runtime of its own (see the module docs).
 pub(crate) struct Client {
     tx: Option<mpsc::UnboundedSender<Cmd>>,
+    last_error: Arc<Mutex<Option<String>>>,
     thread: Option<JoinHandle<()>>,
 }
 
 struct Holding {
     lease: Lease,
-    id: usize,
+    id: Option<usize>,
     noticed: Arc<Mutex<Option<Instant>>>,
 }
 
@@ -187,11 +188,14 @@ impl Client {
         let make: Factory = Box::new(make);
         let (tx, rx) = mpsc::unbounded_channel();
         let (ready_tx, ready_rx) = oneshot::channel();
+        let last_error = Arc::new(Mutex::new(None));
+        let errors = Arc::clone(&last_error);
         let thread = std::thread::Builder::new()
             .name(format!("safety-{name}"))
-            .spawn(move || actor(name, trial, make, rx, ready_tx))?;
+            .spawn(move || actor(name, trial, make, rx, ready_tx, errors))?;
         let client = Client {
             tx: Some(tx),
+            last_error,
             thread: Some(thread),
         };
         match ready_rx.await {
@@ -235,6 +239,14 @@ impl Client {
             .unwrap_or(Wrote::NotHolding)
     }
 
+    /// The last fault an acquisition reported.
+    pub(crate) fn last_error(&self) -> Option<String> {
+        self.last_error
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
     /// Gives the lease back (if any) and ends the holder interval.
     pub(crate) async fn release(&self) {
         let (tx, rx) = oneshot::channel();
@@ -259,6 +271,7 @@ fn actor(
     make: Factory,
     mut rx: mpsc::UnboundedReceiver<Cmd>,
     ready: oneshot::Sender<Result<Capabilities, String>>,
+    last_error: Arc<Mutex<Option<String>>>,
 ) {
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -292,7 +305,10 @@ fn actor(
                                 Acquired::LostOnArrival
                             }
                             Ok(Some(lease)) => {
-                                let id = trial.grant(name, Instant::now());
+                                // Only grants of the trial's resource are watched (not the
+                                // warm-up keys).
+                                let id = (key == trial.resource)
+                                    .then(|| trial.grant(name, Instant::now()));
                                 let noticed = Arc::new(Mutex::new(None));
                                 let signal = lease.lost();
                                 let n = Arc::clone(&noticed);
@@ -305,7 +321,19 @@ fn actor(
                                 Acquired::Held
                             }
                             Ok(None) => Acquired::Busy,
-                            Err(_) => Acquired::Failed,
+                            // The Locker refuses (and releases) a grant whose answer came after
+                            // its validity deadline.
+                            Err(e)
+                                if e.kind() == ErrorKind::Timeout
+                                    && e.to_string().contains("after its validity deadline") =>
+                            {
+                                Acquired::LostOnArrival
+                            }
+                            Err(e) => {
+                                *last_error.lock().unwrap_or_else(PoisonError::into_inner) =
+                                    Some(e.to_string());
+                                Acquired::Failed
+                            }
                         }
                     };
                     let _ = reply.send(outcome);
@@ -319,15 +347,19 @@ fn actor(
                                 .lock()
                                 .unwrap_or_else(PoisonError::into_inner)
                                 .get_or_insert(now);
-                            trial.end(h.id, now);
+                            if let Some(id) = h.id {
+                                trial.end(id, now);
+                            }
                             Wrote::NoticedLoss
                         }
+                        Some(Holding { id: None, .. }) => Wrote::NotHolding,
                         Some(h) => {
                             if !pause.is_zero() {
                                 // Stop the world: this thread runs the client's runtime.
                                 std::thread::sleep(pause);
                             }
-                            Wrote::Yes(trial.write(h.id, h.lease.fencing_token()))
+                            let id = h.id.unwrap_or(usize::MAX);
+                            Wrote::Yes(trial.write(id, h.lease.fencing_token()))
                         }
                     };
                     let _ = reply.send(outcome);
@@ -346,6 +378,71 @@ async fn give_back(trial: &Trial, holding: Option<Holding>) {
     let Some(h) = holding else { return };
     let now = Instant::now();
     let noticed = *h.noticed.lock().unwrap_or_else(PoisonError::into_inner);
-    trial.end(h.id, noticed.map_or(now, |n| n.min(now)));
+    if let Some(id) = h.id {
+        trial.end(id, noticed.map_or(now, |n| n.min(now)));
+    }
     let _ = tokio::time::timeout(Duration::from_secs(5), h.lease.release()).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn token(n: u64) -> Option<FencingToken> {
+        Some(FencingToken::new(n))
+    }
+
+    #[test]
+    fn a_write_after_a_newer_grant_is_stale_and_only_fencing_stops_it() {
+        let t = Trial::new("r");
+        let t0 = Instant::now();
+        let a = t.grant("A", t0);
+        assert!(!t.write(a, token(5)), "no newer grant yet");
+        let b = t.grant("B", t0 + Duration::from_millis(1));
+        std::thread::sleep(Duration::from_millis(2));
+        assert!(!t.write(b, token(6)));
+        assert!(t.write(a, token(5)), "A wrote after B was granted");
+        let w = t.writes();
+        assert_eq!(
+            (w.stale_plain, w.stale_fenced, w.rightful_rejected),
+            (1, 0, 0)
+        );
+    }
+
+    #[test]
+    fn a_token_that_went_back_lets_the_stale_write_through() {
+        let t = Trial::new("r");
+        let t0 = Instant::now();
+        let a = t.grant("A", t0);
+        assert!(!t.write(a, token(3)));
+        let b = t.grant("B", t0 + Duration::from_millis(1));
+        std::thread::sleep(Duration::from_millis(2));
+        assert!(
+            !t.write(b, token(1)),
+            "the newest holder's write is not stale"
+        );
+        assert!(t.write(a, token(3)));
+        let w = t.writes();
+        assert_eq!(
+            (w.stale_plain, w.stale_fenced, w.rightful_rejected),
+            (1, 1, 1)
+        );
+    }
+
+    #[test]
+    fn intervals_of_different_clients_overlap_only_if_they_intersect() {
+        let t = Trial::new("r");
+        let t0 = Instant::now();
+        let a = t.grant("A", t0);
+        t.end(a, t0 + Duration::from_millis(10));
+        let b = t.grant("B", t0 + Duration::from_millis(10));
+        t.end(b, t0 + Duration::from_millis(20));
+        assert!(!t.overlapped(), "back to back is not an overlap");
+        let a2 = t.grant("A", t0 + Duration::from_millis(15));
+        t.end(a2, t0 + Duration::from_millis(30));
+        assert!(t.overlapped());
+        // An end is never moved later (a loss noticed first stays the end).
+        t.end(a2, t0 + Duration::from_millis(50));
+        assert_eq!(t.grants()[a2].end, Some(t0 + Duration::from_millis(30)));
+    }
 }
