@@ -32,7 +32,7 @@ use tokio::net::UnixListener;
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::{
-    Acquiring, Target, code, location_of, obtain, shell_quote, shell_unquote, wait_notice,
+    Acquiring, Failed, Target, code, location_of, obtain, shell_quote, shell_unquote, wait_notice,
 };
 
 /// The folder of state files and sockets, if set.
@@ -378,11 +378,16 @@ pub(crate) async fn holder(mut args: AcquireArgs) -> u8 {
         return code::CONFIG;
     }
 
-    let (_locker, lease) = match obtain(&args.target, &args.how, |wait| {
+    let obtained = obtain(&args.target, &args.how, |wait| {
         report(&format!("waiting\t{}", humantime::format_duration(wait)))
-    })
-    .await
-    {
+    });
+    // Told to stop while still acquiring: give up (an acquisition cut short is cleaned up).
+    let obtained = tokio::select! {
+        o = obtained => o,
+        _ = term.recv() => Err(Failed { code: 1, message: "stopped by SIGTERM".to_owned() }),
+        _ = int.recv() => Err(Failed { code: 1, message: "stopped by SIGINT".to_owned() }),
+    };
+    let (_locker, lease) = match obtained {
         Ok(v) => v,
         Err(f) => {
             report(&format!("error\t{}\t{}", f.code, clean_message(&f.message)));
@@ -466,7 +471,8 @@ pub(crate) async fn holder(mut args: AcquireArgs) -> u8 {
     loop {
         tokio::select! {
             reason = &mut lost => {
-                let _ = lease.release().await;
+                // Whatever is left (a Redlock minority, say); bounded, the record matters more.
+                let _ = tokio::time::timeout(Duration::from_secs(5), lease.release()).await;
                 state.state = "lost".to_owned();
                 state.lost_reason = Some(clean_message(&reason.to_string()));
                 cleanup(false);
@@ -594,6 +600,13 @@ pub(crate) async fn release(args: ReleaseArgs) -> u8 {
     let answer = match answer {
         Ok(Ok(a)) => a,
         Ok(Err(e)) => {
+            if !handle.exists() {
+                eprintln!(
+                    "leasehold: the holder of {:?} is gone: already released",
+                    state.key
+                );
+                return code::FREE;
+            }
             if alive(state.pid) {
                 eprintln!(
                     "leasehold: the holder (pid {}) of {:?} does not answer: {e}",

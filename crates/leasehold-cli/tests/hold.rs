@@ -337,3 +337,52 @@ async fn flock_takes_the_same_lock_as_the_guide_shows() {
     assert_eq!(f.code(), Some(0));
     let _ = std::fs::remove_dir_all(&rt);
 }
+
+#[tokio::test]
+async fn a_holder_whose_acquire_was_killed_gives_the_lock_back() {
+    let rt = folder("cli_hold_orphan");
+    let u = url(&rt);
+    let first = output(&rt, &["acquire", "--key", "k", "--url", &u]).await;
+    let first = exports(&first);
+    // A second acquire waits; its caller is killed (Ctrl-C in a terminal kills the acquire
+    // process, not the holder in its own process group).
+    let mut waiting = lh(
+        &rt,
+        &["acquire", "--key", "k", "--url", &u, "--wait", "30s"],
+    )
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    waiting.start_kill().unwrap();
+    let _ = waiting.wait().await;
+    // The first gives the lock up; the orphaned holder gets it, cannot report, gives it back.
+    let rel = output(&rt, &["release", "--handle", &first["LEASEHOLD_HANDLE"]]).await;
+    assert_eq!(rel.status.code(), Some(0));
+    let t0 = Instant::now();
+    loop {
+        let st = output(&rt, &["status", "--key", "k", "--url", &u, "--json"]).await;
+        let fence = std::fs::read_to_string(rt.join("locks").join("k.fence")).unwrap_or_default();
+        // Token 2 was minted: the orphan did take the lock; now it is free again.
+        if fence.trim() == "2" && st.status.code() == Some(1) {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the orphan keeps the lock: {st:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let leftovers: Vec<_> = std::fs::read_dir(&rt)
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            e.path()
+                .extension()
+                .is_some_and(|x| x == "state" || x == "sock")
+        })
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+    let _ = std::fs::remove_dir_all(&rt);
+}
