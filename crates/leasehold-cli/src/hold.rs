@@ -319,8 +319,20 @@ pub(crate) fn acquire(args: AcquireArgs) -> u8 {
                     }
                     out += &export("LEASEHOLD_HOLDER_PID", pid);
                     out += &export(HANDLE_VAR, handle);
-                    print!("{out}");
-                    let _ = io::stdout().flush();
+                    let mut stdout = io::stdout();
+                    if let Err(e) = stdout
+                        .write_all(out.as_bytes())
+                        .and_then(|()| stdout.flush())
+                    {
+                        // Nobody will learn the handle: do not leave the lock held.
+                        eprintln!("leasehold: cannot print the lease ({e}): releasing it");
+                        let _ = ask(
+                            &socket_of(Path::new(handle)),
+                            "release",
+                            Duration::from_secs(30),
+                        );
+                        return code::CANNOT_RUN;
+                    }
                     return 0;
                 }
                 Some("error") => {

@@ -4,6 +4,14 @@ use leasehold::{FencingKind, HolderInfo, SafetyClass};
 
 use crate::{Target, code, config_of, failure};
 
+/// `println!` that does not panic when stdout is a closed pipe (`leasehold status | head -1`).
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+
 #[derive(clap::Args)]
 pub(crate) struct StatusArgs {
     #[command(flatten)]
@@ -31,27 +39,27 @@ pub(crate) async fn status(args: StatusArgs) -> u8 {
     let safety = safety_name(caps.safety);
     let fencing = fencing_name(caps.fencing);
     if args.json {
-        println!(
+        out!(
             "{}",
             json(&args.target.key, backend, safety, fencing, holder.as_ref())
         );
     } else {
         let key = &args.target.key;
         match &holder {
-            None => println!("{key:?} is free ({backend}: {safety}, fencing {fencing})"),
+            None => out!("{key:?} is free ({backend}: {safety}, fencing {fencing})"),
             Some(h) => {
-                println!("{key:?} is held ({backend}: {safety}, fencing {fencing})");
+                out!("{key:?} is held ({backend}: {safety}, fencing {fencing})");
                 if let Some(t) = h.fencing {
-                    println!("fencing token: {t}");
+                    out!("fencing token: {t}");
                 }
                 if let Some(o) = &h.owner {
-                    println!("owner: {o}");
+                    out!("owner: {o}");
                 }
                 if let Some(r) = h.remaining {
-                    println!("remaining: {}", humantime::format_duration(round_ms(r)));
+                    out!("remaining: {}", humantime::format_duration(round_ms(r)));
                 }
                 if let Some(d) = &h.detail {
-                    println!("detail: {d}");
+                    out!("detail: {d}");
                 }
             }
         }
