@@ -48,7 +48,7 @@
 //! | 78 | configuration error (bad URL, bad config file, bad key, `require` not met) |
 //! | 79 | the lease was lost (`run`: the command was terminated; `release`: it was no longer held) |
 //! | 124 | timed out waiting for the lock (`--wait`) |
-//! | 126 | the command (or the holder process) could not be started |
+//! | 126 | the command (or the holder process) could not be started; `acquire` could not print |
 
 mod hold;
 mod run;
