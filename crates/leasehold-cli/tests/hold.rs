@@ -248,6 +248,21 @@ async fn bad_input_gives_the_documented_codes() {
     }
     let out = output(&rt, &["acquire", "--key", "", "--url", "memory://"]).await;
     assert_eq!(out.status.code(), Some(78), "{out:?}");
+    // A configuration that requires correctness refuses the file backend, saying why.
+    let cfg = rt.join("locks.toml");
+    std::fs::write(
+        &cfg,
+        format!("url = \"{}\"\nrequire = \"correctness\"\n", url(&rt)),
+    )
+    .unwrap();
+    let cfg = cfg.to_str().unwrap();
+    for cmd in ["acquire", "status"] {
+        let out = output(&rt, &[cmd, "--key", "k", "--config", cfg]).await;
+        assert_eq!(out.status.code(), Some(78), "{cmd}: {out:?}");
+        assert!(stderr(&out).contains("only on one host"), "{out:?}");
+    }
+    let out = output(&rt, &["run", "--key", "k", "--config", cfg, "--", "true"]).await;
+    assert_eq!(out.status.code(), Some(78), "{out:?}");
     // No holder: 1.
     let out = output(&rt, &["release", "--key", "none"]).await;
     assert_eq!(out.status.code(), Some(1));
