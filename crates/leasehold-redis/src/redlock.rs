@@ -5,7 +5,9 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::StreamExt;
 use futures_util::future::join_all;
+use futures_util::stream::FuturesUnordered;
 use leasehold_core::async_trait;
 use leasehold_core::{
     Capabilities, Error, ErrorKind, ExtendRequest, FencingKind, Grant, Held, HolderInfo,
@@ -20,6 +22,9 @@ use crate::keys::Names;
 use crate::node::{Connector, Node, Taken, names};
 
 pub(crate) const NAME: &str = "redlock";
+
+/// How long counting a node's keys (SCAN, for leak checks) may take beyond the connect timeout.
+const COUNT_BOUND: Duration = Duration::from_secs(5);
 
 /// Redlock over N ≥ 3 independent Redis nodes: an *efficiency* lock whose safety rests on
 /// timing assumptions (bounded network delay, pauses and clock drift), with no fencing token.
@@ -186,9 +191,12 @@ impl RedlockBackend {
             .iter()
             .map(|s| {
                 let client = s.client(NAME, s.info.clone(), config.tls_ca.as_deref())?;
+                // No response timeout of the client library: every request to a node is bounded
+                // by our own per-node timeout (or by the background bound of a give-back), and a
+                // second timer per request only costs instructions.
                 let cm = ConnectionManagerConfig::new()
                     .set_connection_timeout(Some(config.connect_timeout))
-                    .set_response_timeout(Some(config.connect_timeout))
+                    .set_response_timeout(None)
                     .set_number_of_retries(1);
                 Ok(Node::new(
                     NAME,
@@ -217,7 +225,17 @@ impl RedlockBackend {
         );
         let mut counts = Vec::new();
         for node in &self.inner.nodes {
-            counts.push(node.count_keys(&pattern).await?);
+            let bound = self.inner.config.connect_timeout + COUNT_BOUND;
+            let count = tokio::time::timeout(bound, node.count_keys(&pattern))
+                .await
+                .map_err(|_| {
+                    Error::new(
+                        ErrorKind::Unavailable,
+                        NAME,
+                        format!("counting keys on {}: no answer within {bound:?}", node.name),
+                    )
+                })??;
+            counts.push(count);
         }
         Ok(counts)
     }
@@ -250,9 +268,10 @@ impl RedlockBackend {
         (left >= c.min_validity).then_some(left)
     }
 
-    /// Runs `op` on every node in its own task, driven to completion (bounded by `bound`) even
-    /// after the caller has decided or been dropped; each node's outcome within `per_node`
-    /// arrives on the returned channel.
+    /// Runs `op` on every node, all in one task, each driven to completion (bounded by `bound`)
+    /// even after the caller has decided or been dropped; each node's outcome within `per_node`
+    /// arrives on the returned channel. One task for the fan-out, not one per node: a spawn
+    /// costs more than the rest of a node's request on the client.
     fn spawn_all<F, Fut>(
         &self,
         per_node: Duration,
@@ -264,26 +283,33 @@ impl RedlockBackend {
         Fut: Future<Output = Result<bool, Error>> + Send + 'static,
     {
         let (tx, rx) = mpsc::unbounded_channel();
-        for (i, node) in self.inner.nodes.iter().enumerate() {
-            let fut = op(Arc::clone(node));
-            let tx = tx.clone();
-            tokio::spawn(async move {
-                tokio::pin!(fut);
-                match tokio::time::timeout(per_node, &mut fut).await {
-                    Ok(r) => drop(tx.send((i, Outcome::from_result(Ok(r), per_node)))),
-                    Err(_) => {
-                        drop(tx.send((i, Outcome::TimedOut(per_node))));
-                        let _ = tokio::time::timeout(bound.saturating_sub(per_node), fut).await;
+        let all: FuturesUnordered<_> = self
+            .inner
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, node)| {
+                let fut = op(Arc::clone(node));
+                let tx = tx.clone();
+                async move {
+                    tokio::pin!(fut);
+                    match tokio::time::timeout(per_node, &mut fut).await {
+                        Ok(r) => drop(tx.send((i, Outcome::from_result(Ok(r), per_node)))),
+                        Err(_) => {
+                            drop(tx.send((i, Outcome::TimedOut(per_node))));
+                            let _ = tokio::time::timeout(bound.saturating_sub(per_node), fut).await;
+                        }
                     }
                 }
-            });
-        }
+            })
+            .collect();
+        tokio::spawn(all.for_each(|()| std::future::ready(())));
         rx
     }
 
     /// One Redlock acquisition round.
     async fn acquire_round(&self, req: &LockRequest<'_>) -> Result<Option<Grant>, Error> {
-        let names = Arc::new(names(&self.inner.config.prefix, req.key));
+        let names = names(&self.inner.config.prefix, req.key);
         let owner = req.owner.clone();
         let ttl = req.ttl;
         let per_node = self.node_timeout(ttl);
@@ -293,44 +319,50 @@ impl RedlockBackend {
         // The decision: Some(true) keep, Some(false) give back. A dropped sender (the caller's
         // future was dropped) means give back.
         let (decide, decision) = watch::channel(None::<bool>);
-        let mut finished = Vec::with_capacity(n);
-        for (i, node) in self.inner.nodes.iter().enumerate() {
-            let (node, names, owner, tx, mut decision) = (
-                Arc::clone(node),
-                Arc::clone(&names),
-                owner.clone(),
-                tx.clone(),
-                decision.clone(),
-            );
-            let (done, done_rx) = watch::channel(false);
-            finished.push(done_rx);
-            tokio::spawn(async move {
-                let r = tokio::time::timeout(per_node, node.take(&names, &owner, ttl, false))
-                    .await
-                    .map(|r| r.map(|t| matches!(t, Taken::Granted(_))));
-                // From here on no SET of this round can reach the node after a later command
-                // on the same connection: a release waits for this before it is sent.
-                done.send_replace(true);
-                let outcome = Outcome::from_result(r, per_node);
-                let may_hold = !matches!(outcome, Outcome::No);
-                drop(tx.send((i, outcome)));
-                if !may_hold {
-                    return;
-                }
-                let keep = loop {
-                    if let Some(keep) = *decision.borrow_and_update() {
-                        break keep;
+        let (done, finished): (Vec<_>, Vec<_>) = (0..n).map(|_| watch::channel(false)).unzip();
+        let inner = Arc::clone(&self.inner);
+        // One task drives the requests to every node (and any give-back after them) to
+        // completion, whatever happens to this future.
+        tokio::spawn(async move {
+            let (names, owner, tx) = (&names, &owner, &tx);
+            let all: FuturesUnordered<_> = inner
+                .nodes
+                .iter()
+                .zip(done)
+                .enumerate()
+                .map(|(i, (node, done))| {
+                    let mut decision = decision.clone();
+                    async move {
+                        let r = tokio::time::timeout(per_node, node.take(names, owner, ttl, false))
+                            .await
+                            .map(|r| r.map(|t| matches!(t, Taken::Granted(_))));
+                        // From here on no SET of this round can reach the node after a later
+                        // command on the same connection: a release waits for this before it
+                        // is sent.
+                        done.send_replace(true);
+                        let outcome = Outcome::from_result(r, per_node);
+                        let may_hold = !matches!(outcome, Outcome::No);
+                        drop(tx.send((i, outcome)));
+                        if !may_hold {
+                            return;
+                        }
+                        let keep = loop {
+                            if let Some(keep) = *decision.borrow_and_update() {
+                                break keep;
+                            }
+                            if decision.changed().await.is_err() {
+                                break decision.borrow().unwrap_or(false);
+                            }
+                        };
+                        if !keep {
+                            give_back(node, names, owner, bound).await;
+                        }
                     }
-                    if decision.changed().await.is_err() {
-                        break decision.borrow().unwrap_or(false);
-                    }
-                };
-                if !keep {
-                    give_back(&node, &names, &owner, bound).await;
-                }
-            });
-        }
-        drop(tx);
+                })
+                .collect();
+            drop(decision);
+            all.for_each(|()| std::future::ready(())).await;
+        });
         let mut tally = Tally::new(
             "acquire",
             "granted",
