@@ -1,5 +1,6 @@
 //! The backend: sessions, the idle pool, grants and their health checks.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
@@ -26,6 +27,8 @@ const CLEANUP_TIMEOUT: Duration = Duration::from_secs(10);
 /// How far past the caller's deadline a native wait may run (the server's `lock_timeout` ends
 /// it first) before the session counts as unresponsive and is closed.
 const WAIT_GRACE: Duration = Duration::from_secs(5);
+/// How many key → advisory-lock id mappings a backend remembers (then it starts over).
+const ID_CACHE: usize = 1024;
 
 /// Locks on PostgreSQL session-level advisory locks.
 ///
@@ -43,6 +46,8 @@ struct Shared {
     sequence_ready: OnceCell<()>,
     gates: Arc<Gates>,
     opened: AtomicU64,
+    /// Advisory-lock ids of recently used keys (see [`PostgresBackend::lock_id`]).
+    ids: Mutex<HashMap<LockKey, i64>>,
 }
 
 impl fmt::Debug for PostgresBackend {
@@ -58,6 +63,10 @@ impl fmt::Debug for PostgresBackend {
 impl Shared {
     fn idle(&self) -> MutexGuard<'_, Vec<Session>> {
         self.idle.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn ids(&self) -> MutexGuard<'_, HashMap<LockKey, i64>> {
+        self.ids.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// An idle session that is still open, else a new one.
@@ -106,6 +115,7 @@ impl PostgresBackend {
                 sequence_ready: OnceCell::new(),
                 gates: Arc::new(Gates::default()),
                 opened: AtomicU64::new(0),
+                ids: Mutex::new(HashMap::new()),
             }),
         }
     }
@@ -127,11 +137,22 @@ impl PostgresBackend {
     /// The advisory-lock key (`bigint`) this backend uses for `key`: the number itself for
     /// keys of the form `advisory:<i64>`, else [`advisory_key`](crate::advisory_key)`(prefix + key)`.
     pub fn lock_id(&self, key: &LockKey) -> i64 {
-        match explicit_key(key) {
+        // The derivation is two HMAC-SHA256s (some 28k instructions, more than the rest of a
+        // lock cycle on the client): remember the ids of recently used keys.
+        if let Some(id) = self.shared.ids().get(key) {
+            return *id;
+        }
+        let id = match explicit_key(key) {
             Some(id) => id,
             None if self.shared.cfg.prefix.is_empty() => advisory_key(key.as_str()),
             None => advisory_key(&format!("{}{}", self.shared.cfg.prefix, key.as_str())),
+        };
+        let mut ids = self.shared.ids();
+        if ids.len() >= ID_CACHE {
+            ids.clear();
         }
+        ids.insert(key.clone(), id);
+        id
     }
 
     /// How many sessions this backend has opened so far (for measurements and tests).
@@ -569,5 +590,33 @@ impl LockBackend for PostgresBackend {
             HolderInfo::unknown()
                 .with_detail(format!("advisory lock {id} held by backend pid {pid}"))
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Remembered ids are the derived ones, also for numeric keys and after the cache starts
+    /// over; the cache stays bounded.
+    #[test]
+    fn remembered_lock_ids_equal_derived_ones() {
+        let cfg = PostgresConfig::from_url("postgres://u@127.0.0.1/db")
+            .and_then(|c| c.with_prefix("app/"))
+            .unwrap();
+        let backend = PostgresBackend::new(cfg);
+        let keys: Vec<LockKey> = (0..2 * ID_CACHE + 7)
+            .map(|i| LockKey::new(format!("job-{i}")).unwrap())
+            .collect();
+        for round in 0..2 {
+            for key in &keys {
+                let want = advisory_key(&format!("app/{}", key.as_str()));
+                assert_eq!(backend.lock_id(key), want, "{key:?}, round {round}");
+            }
+            assert!(backend.shared.ids().len() <= ID_CACHE);
+        }
+        let numeric = crate::numeric_key(-42);
+        assert_eq!(backend.lock_id(&numeric), -42);
+        assert_eq!(backend.lock_id(&numeric), -42);
     }
 }
