@@ -310,3 +310,108 @@ fn errors_are_send_sync_and_box_into_tower_errors() {
     boxable::<LockError<std::io::Error, Request<&'static str>>>();
     boxable::<leasehold_tower::FenceError<std::io::Error>>();
 }
+
+// ---- a lease lost mid-request, with the inner service a tower-test mock ----
+
+#[tokio::test]
+async fn mock_a_lease_lost_while_the_mock_has_not_answered_aborts_the_call() {
+    let locker = short_lived(Duration::from_millis(150)).unwrap();
+    let (mut svc, mut handle) =
+        mock::spawn_layer::<Req, &'static str, _>(LockLayer::new(locker.clone(), by_body));
+    tokio_test::assert_ready_ok!(svc.poll_ready());
+    let call = tokio::spawn(svc.call(Request::new("orders/8")));
+    let (req, send) = handle.next_request().await.unwrap();
+    let info = req.extensions().get::<LeaseInfo>().cloned().unwrap();
+    // The mock never answers in time: the layer gives up when the lease is lost.
+    match call.await.unwrap().unwrap_err() {
+        LockError::LeaseLost {
+            key,
+            reason,
+            completed,
+        } => {
+            assert_eq!(key.as_str(), "orders/8");
+            assert_eq!(reason, LossReason::Expired);
+            assert!(completed.is_none());
+        }
+        other => panic!("expected LeaseLost, got {other:?}"),
+    }
+    assert!(info.lost.is_lost());
+    // The aborted call no longer waits for the answer; a late one goes nowhere.
+    send.send_response("too late");
+    assert!(eventually_free(&locker, "orders/8").await);
+}
+
+#[tokio::test]
+async fn mock_finish_mode_returns_the_late_answer_inside_lease_lost() {
+    let locker = short_lived(Duration::from_millis(100)).unwrap();
+    let layer = LockLayer::new(locker, by_body).on_lost(OnLost::Finish);
+    let (mut svc, mut handle) = mock::spawn_layer::<Req, &'static str, _>(layer);
+    tokio_test::assert_ready_ok!(svc.poll_ready());
+    let call = tokio::spawn(svc.call(Request::new("orders/9")));
+    let (req, send) = handle.next_request().await.unwrap();
+    let info = req.extensions().get::<LeaseInfo>().cloned().unwrap();
+    let reason = info.lost.clone().wait().await;
+    assert_eq!(reason, LossReason::Expired);
+    assert!(!call.is_finished(), "Finish waits for the inner service");
+    send.send_response("finished late");
+    match call.await.unwrap().unwrap_err() {
+        LockError::LeaseLost { completed, .. } => {
+            let out = completed.and_then(|c| c.take()).unwrap();
+            assert_eq!(out.unwrap(), "finished late");
+        }
+        other => panic!("expected LeaseLost, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn mock_wait_mode_then_a_lease_lost_mid_request() {
+    let locker = short_lived(Duration::from_millis(150)).unwrap();
+    let held = locker.try_acquire("orders/10").await.unwrap().unwrap();
+    let layer = LockLayer::new(locker.clone(), by_body).wait(Duration::from_secs(2));
+    let (mut svc, mut handle) = mock::spawn_layer::<Req, &'static str, _>(layer);
+    tokio_test::assert_ready_ok!(svc.poll_ready());
+    let call = tokio::spawn(svc.call(Request::new("orders/10")));
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    drop(held.release().await);
+    let (_req, _send) = handle.next_request().await.unwrap();
+    match call.await.unwrap().unwrap_err() {
+        LockError::LeaseLost { reason, .. } => assert_eq!(reason, LossReason::Expired),
+        other => panic!("expected LeaseLost, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn mock_the_inner_service_s_error_is_a_service_error_and_releases() {
+    let locker = Locker::new(MemoryBackend::new());
+    let (mut svc, mut handle) =
+        mock::spawn_layer::<Req, &'static str, _>(LockLayer::new(locker.clone(), by_body));
+    tokio_test::assert_ready_ok!(svc.poll_ready());
+    let call = tokio::spawn(svc.call(Request::new("orders/11")));
+    let (_req, send) = handle.next_request().await.unwrap();
+    send.send_error(std::io::Error::other("boom"));
+    match call.await.unwrap().unwrap_err() {
+        LockError::Service(e) => assert_eq!(e.to_string(), "boom"),
+        other => panic!("expected Service, got {other:?}"),
+    }
+    assert!(eventually_free(&locker, "orders/11").await);
+}
+
+#[tokio::test]
+async fn mock_hold_body_mode_keeps_the_lease_until_the_body_is_dropped() {
+    type Resp = http::Response<String>;
+    let locker = Locker::new(MemoryBackend::new());
+    let layer = LockLayer::new(locker.clone(), by_body).hold_body();
+    let (mut svc, mut handle) = mock::spawn_layer::<Req, Resp, _>(layer);
+    tokio_test::assert_ready_ok!(svc.poll_ready());
+    let call = tokio::spawn(svc.call(Request::new("orders/12")));
+    let (_req, send) = handle.next_request().await.unwrap();
+    send.send_response(http::Response::new("body".to_owned()));
+    let response = call.await.unwrap().unwrap();
+    let body = response.into_body();
+    assert_eq!(body.get_ref(), "body");
+    assert!(body.lease().is_some());
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    assert!(locker.try_acquire("orders/12").await.unwrap().is_none());
+    drop(body);
+    assert!(eventually_free(&locker, "orders/12").await);
+}

@@ -228,21 +228,18 @@ async fn failed_renewals_and_the_loss_they_cause_are_counted() {
         ),
         "{reason:?}"
     );
-    // The watchdog's last failed try, at the deadline, records why the lease was lost.
+    // The watchdog's last failed try records the loss as `renewal_failed` if it runs before
+    // the deadline is seen to pass; otherwise the loss is counted as `expired` at the drop.
+    // Either way, once.
     tokio::time::sleep(Duration::from_millis(100)).await;
     drop(lease);
     let snap = totals.take(&snapshotter);
     let backend = ("backend", "no-renewal");
     let failures = snap.counter(RENEWAL_FAILURES, &[backend]);
     assert!(failures >= 2, "{failures}");
-    assert_eq!(
-        snap.counter(LEASES_LOST, &[backend, ("reason", "renewal_failed")]),
-        1
-    );
-    assert_eq!(
-        snap.counter(LEASES_LOST, &[backend, ("reason", "expired")]),
-        0
-    );
+    let lost = |reason| snap.counter(LEASES_LOST, &[backend, ("reason", reason)]);
+    assert_eq!(lost("renewal_failed") + lost("expired"), 1);
+    assert_eq!(lost("not_held") + lost("backend"), 0);
 }
 
 type Req = Request<String>;

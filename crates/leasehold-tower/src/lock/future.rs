@@ -54,7 +54,9 @@ pin_project! {
             #[pin]
             fut: S::Future,
             lease: Lease,
-            lost: Lost,
+            // Created on the first `Pending` of the inner future under `OnLost::Abort`: a
+            // request that completes at once pays for no timer.
+            lost: Option<Lost>,
             on_lost: OnLost,
         },
         Failed {
@@ -214,15 +216,13 @@ where
                 let (Some(mut svc), Some(mut req)) = (svc.take(), req.take()) else {
                     panic!("ResponseFuture polled after completion");
                 };
-                let info = lease.info();
-                let lost: Lost = info.lost.clone().into_future();
-                req.insert_lease(info);
+                req.insert_lease(lease.info());
                 let fut = svc.call(req);
                 let on_lost = *on_lost;
                 state.set(State::Call {
                     fut,
                     lease,
-                    lost,
+                    lost: None,
                     on_lost,
                 });
             }
@@ -232,9 +232,35 @@ where
                 lost,
                 on_lost,
             } => {
-                if *on_lost == OnLost::Abort
-                    && let Poll::Ready(reason) = lost.as_mut().poll(cx)
+                let abort = *on_lost == OnLost::Abort;
+                // Under Abort, the inner future makes no progress once the lease is known lost.
+                let mut lost_now = None;
+                if abort {
+                    lost_now = match lost.as_mut() {
+                        Some(l) => match l.as_mut().poll(cx) {
+                            Poll::Ready(reason) => Some(reason),
+                            Poll::Pending => None,
+                        },
+                        None => lease.loss_reason(),
+                    };
+                }
+                let polled = match lost_now {
+                    Some(_) => None,
+                    None => Some(fut.poll(cx)),
+                };
+                if abort
+                    && lost_now.is_none()
+                    && lost.is_none()
+                    && matches!(polled, Some(Poll::Pending))
                 {
+                    // The request is still running: wake it when the lease is lost.
+                    let mut l: Lost = lease.lost().into_future();
+                    if let Poll::Ready(reason) = l.as_mut().poll(cx) {
+                        lost_now = Some(reason);
+                    }
+                    *lost = Some(l);
+                }
+                if let Some(reason) = lost_now {
                     let key = lease.key().clone();
                     // Dropping the state drops (cancels) the inner future, then the lease.
                     state.set(State::Done);
@@ -244,7 +270,9 @@ where
                         completed: None,
                     }));
                 }
-                let out = ready!(fut.poll(cx));
+                let Some(Poll::Ready(out)) = polled else {
+                    return Poll::Pending;
+                };
                 let on_lost_mode = *on_lost;
                 // The deadline may have passed before the lost timer fired: check again.
                 let loss = lease.loss_reason();
@@ -256,7 +284,8 @@ where
                 };
                 return Poll::Ready(match (loss, out) {
                     (None, Ok(response)) => {
-                        let abort_on = (on_lost_mode == OnLost::Abort).then_some(lost);
+                        let abort_on = (on_lost_mode == OnLost::Abort)
+                            .then(|| lost.unwrap_or_else(|| lease.lost().into_future()));
                         Ok(hold.hold(response, HeldLease::new(lease, abort_on)))
                     }
                     (None, Err(e)) => Err(LockError::Service(e)),
