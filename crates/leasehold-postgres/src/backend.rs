@@ -19,7 +19,7 @@ use crate::NAME;
 use crate::config::PostgresConfig;
 use crate::gate::{Gate, Gates};
 use crate::key::{advisory_key, explicit_key};
-use crate::session::{Probe, Session, is_lock_timeout, pg_error};
+use crate::session::{Probe, Session, WeakProbe, is_lock_timeout, pg_error};
 
 /// How long a cleanup statement (the unlock after an abandoned try) may take before its
 /// session is closed instead.
@@ -82,8 +82,9 @@ impl Shared {
                 }
             }
         }
-        let s = Session::open(&self.cfg, &self.seq_sql, &self.sequence_ready).await?;
+        let mut s = Session::open(&self.cfg, &self.seq_sql, &self.sequence_ready).await?;
         self.opened.fetch_add(1, Ordering::Relaxed);
+        s.watcher = Some(Watcher::spawn(&s, &self.cfg));
         Ok(s)
     }
 
@@ -215,7 +216,7 @@ impl PostgresBackend {
         }
     }
 
-    /// Builds the grant for a locked session and starts its health check.
+    /// Builds the grant for a locked session and puts it under its session's health check.
     fn grant(
         &self,
         monitor: &LeaseMonitor,
@@ -225,24 +226,18 @@ impl PostgresBackend {
         token: FencingToken,
         from: Instant,
     ) -> Grant {
-        let closed = session.closed();
-        let probe = session.probe();
         let inner = Arc::new(GrantInner {
             id,
-            session: Mutex::new(Some(session)),
+            session: Mutex::new(None),
             gate: Mutex::new(gate),
-            health: Mutex::new(None),
         });
-        let task = tokio::spawn(health_check(
-            Arc::downgrade(&inner),
-            probe,
-            closed,
-            monitor.clone(),
-            self.shared.cfg.health_interval,
-            self.shared.cfg.health_timeout,
-            self.shared.window(),
-        ));
-        *lock(&inner.health) = Some(task.abort_handle());
+        if let Some(w) = &session.watcher {
+            w.watch(Watched {
+                grant: Arc::downgrade(&inner),
+                monitor: monitor.clone(),
+            });
+        }
+        *lock(&inner.session) = Some(session);
         Grant::new(Validity::new(from, self.shared.window()))
             .with_fencing(token)
             .with_state(PgGrant(inner))
@@ -322,7 +317,6 @@ struct GrantInner {
     id: i64,
     session: Mutex<Option<Session>>,
     gate: Mutex<Option<Gate>>,
-    health: Mutex<Option<AbortHandle>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -330,14 +324,13 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl GrantInner {
-    fn stop_health(&self) {
-        if let Some(h) = lock(&self.health).take() {
-            h.abort();
-        }
-    }
-
+    /// Takes the session back from the grant, out of its health check.
     fn take_session(&self) -> Option<Session> {
-        lock(&self.session).take()
+        let session = lock(&self.session).take();
+        if let Some(w) = session.as_ref().and_then(|s| s.watcher.as_ref()) {
+            w.unwatch();
+        }
+        session
     }
 
     fn probe(&self) -> Option<Probe> {
@@ -352,60 +345,128 @@ impl GrantInner {
     }
 }
 
-impl Drop for GrantInner {
-    fn drop(&mut self) {
-        self.stop_health();
+/// The grant a lock session holds, as the session's health check sees it.
+#[derive(Debug)]
+struct Watched {
+    grant: Weak<GrantInner>,
+    monitor: LeaseMonitor,
+}
+
+impl Watched {
+    /// The grant is gone: tell the holder, close the session (ending the lock if the server
+    /// still has it) and let local contenders in.
+    fn lose(&self, why: String) {
+        tracing::warn!(reason = %why, "leasehold.lost: postgres lock session");
+        self.monitor.lost(why);
+        if let Some(g) = self.grant.upgrade() {
+            g.abandon();
+        }
     }
 }
 
-/// Watches one lock session: a health check every `interval`, and at once when the
-/// connection ends. Reports through the lease's monitor.
-async fn health_check(
-    grant: Weak<GrantInner>,
-    probe: Probe,
+/// The health check of one session: a task, started with the session and stopped when it is
+/// dropped, that checks the grant the session holds (if any) every `health_interval`, and at
+/// once when the connection ends. One task per session rather than one per lease: sessions are
+/// pooled, and spawning and aborting a task on every acquisition cost more client time than the
+/// rest of the cycle's bookkeeping.
+#[derive(Debug)]
+pub(crate) struct Watcher {
+    slot: Arc<Mutex<Option<Watched>>>,
+    task: AbortHandle,
+}
+
+impl Watcher {
+    fn spawn(session: &Session, cfg: &PostgresConfig) -> Self {
+        let slot = Arc::new(Mutex::new(None));
+        let task = tokio::spawn(watch_session(
+            Arc::clone(&slot),
+            session.weak_probe(),
+            session.closed(),
+            cfg.health_interval,
+            cfg.health_timeout,
+            cfg.validity_window(),
+        ));
+        Self {
+            slot,
+            task: task.abort_handle(),
+        }
+    }
+
+    fn watch(&self, w: Watched) {
+        *lock(&self.slot) = Some(w);
+    }
+
+    fn unwatch(&self) {
+        drop(lock(&self.slot).take());
+    }
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The loop of a [`Watcher`]. A grant is first checked within one `interval` of being put on
+/// the session (its validity, counted from the statement that took the lock, lasts
+/// `interval + timeout`), then every `interval`; a check counts only if it started after the
+/// grant was put on the session.
+async fn watch_session(
+    slot: Arc<Mutex<Option<Watched>>>,
+    probe: WeakProbe,
     mut closed: tokio::sync::watch::Receiver<bool>,
-    monitor: LeaseMonitor,
     interval: Duration,
     timeout: Duration,
     window: Duration,
 ) {
-    let lose = |why: String| {
-        tracing::warn!(reason = %why, "leasehold.lost: postgres lock session");
-        monitor.lost(why);
-        if let Some(g) = grant.upgrade() {
-            g.abandon();
-        }
-    };
     let mut next = Instant::now() + interval;
     loop {
         tokio::select! {
             () = tokio::time::sleep_until(next) => {}
             _ = closed.wait_for(|c| *c) => {
-                lose("the lock session's connection ended (server restart, \
-                      pg_terminate_backend, network failure)".to_owned());
-                return;
-            }
-        }
-        if monitor.is_closed() || grant.strong_count() == 0 {
-            return;
-        }
-        let started = Instant::now();
-        match tokio::time::timeout(timeout, probe.ping()).await {
-            Ok(Ok(())) => {
-                if !monitor.renewed(Validity::new(started, window)) {
-                    return;
+                let watched = lock(&slot).take();
+                if let Some(w) = watched {
+                    w.lose("the lock session's connection ended (server restart, \
+                            pg_terminate_backend, network failure)".to_owned());
                 }
-                next = started + interval;
-            }
-            Ok(Err(e)) => {
-                lose(format!("health check failed: {e}"));
-                return;
-            }
-            Err(_) => {
-                lose(format!("health check did not answer within {timeout:?}"));
                 return;
             }
         }
+        let current = lock(&slot)
+            .as_ref()
+            .map(|w| (w.grant.clone(), w.monitor.clone()));
+        next = Instant::now() + interval;
+        let Some((grant, monitor)) = current else {
+            continue;
+        };
+        if monitor.is_closed() || grant.strong_count() == 0 {
+            continue;
+        }
+        let Some(probe) = probe.upgrade() else {
+            return; // the session is gone
+        };
+        let started = Instant::now();
+        // Checks start `interval` apart however long each takes, so a check that answers
+        // within `timeout` renews the validity before it runs out.
+        next = started + interval;
+        let why = match tokio::time::timeout(timeout, probe.ping()).await {
+            Ok(Ok(())) => {
+                monitor.renewed(Validity::new(started, window));
+                continue;
+            }
+            Ok(Err(e)) => format!("health check failed: {e}"),
+            Err(_) => format!("health check did not answer within {timeout:?}"),
+        };
+        drop(probe);
+        // The grant we checked is lost; the session may hold another one by now (ours was
+        // released meanwhile), which stays watched.
+        {
+            let mut current = lock(&slot);
+            if current.as_ref().is_some_and(|w| w.grant.ptr_eq(&grant)) {
+                *current = None;
+            }
+        }
+        Watched { grant, monitor }.lose(why);
     }
 }
 
@@ -519,7 +580,6 @@ impl LockBackend for PostgresBackend {
         let Some(PgGrant(inner)) = held.state::<PgGrant>() else {
             return Ok(false);
         };
-        inner.stop_health();
         let Some(session) = inner.take_session() else {
             // Already released, or lost and closed by the health check.
             drop(lock(&inner.gate).take());

@@ -37,6 +37,9 @@ pub(crate) struct Session {
     tls: Option<Tls>,
     /// Whether it was just opened (not taken from the idle pool).
     pub(crate) fresh: bool,
+    /// The health-check task of this session (see `backend::Watcher`); it stops when the
+    /// session is dropped.
+    pub(crate) watcher: Option<crate::backend::Watcher>,
 }
 
 /// Sends a cancel request for a session's running statement, over TLS if the session uses it.
@@ -72,6 +75,24 @@ where
         tx.send_replace(true);
     });
     Ok((client, closed))
+}
+
+/// A probe that does not keep the session's connection open: a session's watcher holds this,
+/// so dropping the session still closes the connection (and ends its locks) at once.
+#[derive(Debug, Clone)]
+pub(crate) struct WeakProbe {
+    client: std::sync::Weak<Client>,
+    stmts: Arc<Statements>,
+}
+
+impl WeakProbe {
+    /// A probe, while the session still exists.
+    pub(crate) fn upgrade(&self) -> Option<Probe> {
+        Some(Probe {
+            client: self.client.upgrade()?,
+            stmts: Arc::clone(&self.stmts),
+        })
+    }
 }
 
 /// A handle for running health checks without owning the session.
@@ -131,6 +152,7 @@ impl Session {
             closed,
             tls,
             fresh: true,
+            watcher: None,
         })
     }
 
@@ -146,6 +168,13 @@ impl Session {
     pub(crate) fn probe(&self) -> Probe {
         Probe {
             client: Arc::clone(&self.client),
+            stmts: Arc::clone(&self.stmts),
+        }
+    }
+
+    pub(crate) fn weak_probe(&self) -> WeakProbe {
+        WeakProbe {
+            client: Arc::downgrade(&self.client),
             stmts: Arc::clone(&self.stmts),
         }
     }
