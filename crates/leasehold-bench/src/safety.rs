@@ -563,11 +563,8 @@ async fn trial(env: &Env, backend: &str, fault: &str, i: usize) -> Result<Outcom
                 other @ (Spec::Memory(_) | Spec::File(_)) => (other, Duration::ZERO),
             };
             let (a, b, caps) = start_pair(&trial, &key, a_spec, spec, ttl).await?;
-            // Warm up A's connections, scripts and sessions before the network slows down.
-            let warm = format!("{key}-warm-up");
-            if a.acquire(&warm).await == Acquired::Held {
-                a.release().await;
-            }
+            // start_pair connected both clients (scripts loaded, sessions open) before the
+            // network slows down.
             for p in &proxies {
                 p.latency(latency);
             }
@@ -814,14 +811,14 @@ fn render(
         ],
     );
     let mut csv = String::from(
-        "backend,fault,applies,runs,takeovers,overlaps,stale_plain,stale_fenced,rightful_rejected,errors,fencing\n",
+        "backend,fault,applies,runs,takeovers,late_grants,overlaps,stale_plain,stale_fenced,rightful_rejected,errors,fencing\n",
     );
     for (bi, backend) in &backends {
         let mut row = vec![format!("**{backend}**")];
         for (fi, (fault, _)) in &faults {
             let Some(c) = cells.get(&(*bi, *fi)) else {
                 row.push("n/a".to_owned());
-                let _ = writeln!(csv, "{backend},{fault},false,0,,,,,,,");
+                let _ = writeln!(csv, "{backend},{fault},false,0,,,,,,,,");
                 continue;
             };
             let fencing = c.caps.map(|k| k.fencing);
@@ -859,9 +856,10 @@ fn render(
             ]);
             let _ = writeln!(
                 csv,
-                "{backend},{fault},true,{},{},{},{},{},{},{},{}",
+                "{backend},{fault},true,{},{},{},{},{},{},{},{},{}",
                 c.runs,
                 c.takeovers,
+                c.late_grants,
                 c.overlaps,
                 c.stale_plain,
                 if fenced == "–" {

@@ -10,8 +10,7 @@
 //! its grant, its fencing token, and the instant it stopped acting as holder (it released, or
 //! it noticed the loss: its lost signal fired or it found the lease lost before a write). Two
 //! holder intervals that intersect are an overlap. Every write goes to two stores at once: a
-//! plain one that accepts everything, and a fenced one
-//! ([`FencedResource`](leasehold_test_support::fence::FencedResource)) that rejects a token
+//! plain one that accepts everything, and a fenced one ([`FencedResource`]) that rejects a token
 //! below the highest it has accepted. A write is *stale* when another holder was granted the
 //! lock after the writer was and before the write.
 
