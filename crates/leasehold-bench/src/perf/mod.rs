@@ -141,6 +141,9 @@ struct Group {
     /// Turns the fault on (after the clients connected through the proxy).
     fault: Option<Arc<FaultProxy>>,
     fault_mode: Option<leasehold_test_support::proxy::Mode>,
+    /// What each subject's last count found, so a scenario is charged only with what it
+    /// added (keys left earlier live on until their TTL).
+    counted: std::sync::Mutex<Vec<u64>>,
     _keep: Vec<Box<dyn std::any::Any + Send>>,
 }
 
@@ -446,6 +449,7 @@ async fn build_group(name: &'static str, out: &Path) -> Result<Group, BoxError> 
         subjects: Vec::new(),
         fault: None,
         fault_mode: None,
+        counted: std::sync::Mutex::default(),
         _keep: Vec::new(),
     };
     let redlock = || -> Result<Vec<String>, BoxError> {
@@ -587,9 +591,20 @@ fn base_row(rt: &str, g: &Group, s: &Subject, scenario: &'static str, c: usize) 
 /// are still on the wire.
 async fn count_leftovers(p: &Params, g: &Group, rows: &mut [Row]) {
     tokio::time::sleep(if p.quick { SETTLE_QUICK } else { SETTLE }).await;
-    for (s, r) in g.subjects.iter().zip(rows.iter_mut()) {
+    for (i, (s, r)) in g.subjects.iter().zip(rows.iter_mut()).enumerate() {
         match s.leftovers().await {
-            Ok(n) => r.leftovers = n,
+            Ok(n) => {
+                r.leftovers = n.map(|n| {
+                    let Ok(mut counted) = g.counted.lock() else {
+                        return n;
+                    };
+                    if counted.len() <= i {
+                        counted.resize(i + 1, 0);
+                    }
+                    let before = std::mem::replace(&mut counted[i], n);
+                    n.saturating_sub(before)
+                });
+            }
             Err(e) => {
                 r.error
                     .get_or_insert_with(|| format!("counting leftovers: {e}"));
@@ -690,9 +705,11 @@ async fn throughput_scenario(p: &Params, rt: &str, g: &Group, c: usize) -> Vec<R
         .iter()
         .map(|s| base_row(rt, g, s, "throughput", c))
         .collect();
-    let mut keep = Vec::new();
+    // Clients made and warmed up first, all tasks at once (pools open their connections,
+    // sessions are made); then the subjects take turns, `TPUT_ROUNDS` runs each.
+    let mut fleets: Vec<Option<Fleet>> = Vec::new();
     for (s, r) in g.subjects.iter().zip(rows.iter_mut()) {
-        let result = async {
+        let fleet = async {
             let mut clients = Vec::new();
             for i in 0..c {
                 if i == 0 || !s.shared {
@@ -702,55 +719,84 @@ async fn throughput_scenario(p: &Params, rt: &str, g: &Group, c: usize) -> Vec<R
                 }
             }
             let tag = services::unique_prefix("t");
-            // Warm-up, all tasks at once: pools open their connections, sessions are made.
-            let warm: Vec<_> = clients
-                .iter()
-                .enumerate()
-                .map(|(i, client)| {
-                    let (client, key) = (Arc::clone(client), format!("{tag}-{i}"));
-                    tokio::spawn(async move { timed(client.cycle(&key), CYCLE_TIMEOUT).await })
-                })
-                .collect();
-            for w in warm {
-                w.await.map_err(|e| e.to_string())??;
-            }
-            let t0 = Instant::now();
-            let end = t0 + p.throughput;
-            let tasks: Vec<_> = clients
-                .iter()
-                .enumerate()
-                .map(|(i, client)| {
-                    let (client, key) = (Arc::clone(client), format!("{tag}-{i}"));
-                    tokio::spawn(async move {
-                        let mut n = 0usize;
-                        while Instant::now() < end {
-                            timed(client.cycle(&key), CYCLE_TIMEOUT).await?;
-                            n += 1;
-                        }
-                        Ok::<usize, String>(n)
-                    })
-                })
-                .collect();
-            let mut total = 0;
-            for t in tasks {
-                total += t.await.map_err(|e| e.to_string())??;
-            }
-            let elapsed = t0.elapsed();
-            keep.push(clients);
-            Ok::<_, String>((total, elapsed))
+            run_tasks(&clients, &tag, None).await?;
+            Ok::<_, String>((clients, tag))
         }
         .await;
-        match result {
-            Ok((total, elapsed)) => {
-                r.cycles = total;
-                r.per_sec = Some(total as f64 / elapsed.as_secs_f64());
+        match fleet {
+            Ok(f) => fleets.push(Some(f)),
+            Err(e) => {
+                r.error = Some(e);
+                fleets.push(None);
             }
-            Err(e) => r.error = Some(e),
+        }
+    }
+    let mut totals = vec![(0usize, Duration::ZERO); fleets.len()];
+    for _ in 0..TPUT_ROUNDS {
+        for (i, slot) in fleets.iter_mut().enumerate() {
+            let Some((clients, tag)) = slot.as_ref() else {
+                continue;
+            };
+            let t0 = Instant::now();
+            match run_tasks(clients, tag, Some(p.throughput / TPUT_ROUNDS)).await {
+                Ok(n) => {
+                    totals[i].0 += n;
+                    totals[i].1 += t0.elapsed();
+                }
+                Err(e) => {
+                    rows[i].error = Some(e);
+                    *slot = None;
+                }
+            }
+        }
+    }
+    for (r, (n, elapsed)) in rows.iter_mut().zip(totals) {
+        if r.error.is_none() {
+            r.cycles = n;
+            r.per_sec = Some(n as f64 / elapsed.as_secs_f64());
         }
     }
     count_leftovers(p, g, &mut rows).await;
-    drop(keep);
+    drop(fleets);
     rows
+}
+
+/// One subject's clients in a throughput run, and the prefix of their keys.
+type Fleet = (Vec<Arc<dyn Client>>, String);
+
+/// Throughput runs per subject and task count, alternating between subjects.
+const TPUT_ROUNDS: u32 = 2;
+
+/// One task per client, each cycling on a key of its own: once (`run: None`) or until `run`
+/// has passed. Returns the cycles completed.
+async fn run_tasks(
+    clients: &[Arc<dyn Client>],
+    tag: &str,
+    run: Option<Duration>,
+) -> Result<usize, String> {
+    let end = run.map(|d| Instant::now() + d);
+    let tasks: Vec<_> = clients
+        .iter()
+        .enumerate()
+        .map(|(i, client)| {
+            let (client, key) = (Arc::clone(client), format!("{tag}-{i}"));
+            tokio::spawn(async move {
+                let mut n = 0usize;
+                loop {
+                    timed(client.cycle(&key), CYCLE_TIMEOUT).await?;
+                    n += 1;
+                    if end.is_none_or(|end| Instant::now() >= end) {
+                        return Ok::<usize, String>(n);
+                    }
+                }
+            })
+        })
+        .collect();
+    let mut total = 0;
+    for t in tasks {
+        total += t.await.map_err(|e| e.to_string())??;
+    }
+    Ok(total)
 }
 
 /// One grant in the contention scenario.
@@ -1058,7 +1104,7 @@ fn tables(rows: &[Row], rt: &str, p: &Params) -> Vec<Table> {
         let (raw_t, best_t) = baselines(&at_top, |r| r.per_sec, false);
         for l in labels {
             let mut cells = vec![g.to_owned(), l.to_owned()];
-            let mut leftover = "–".to_owned();
+            let (mut failed, mut left_total) = (None::<String>, None::<u64>);
             let mut kind = "";
             let mut top_rate = None;
             for &c in &p.concurrency {
@@ -1074,8 +1120,11 @@ fn tables(rows: &[Row], rt: &str, p: &Params) -> Vec<Table> {
                 });
                 if let Some(r) = r {
                     kind = r.kind;
-                    if r.error.is_some() || leftover == "–" || leftover == "0" {
-                        leftover = left(r);
+                    if let Some(e) = &r.error {
+                        failed.get_or_insert_with(|| e.clone());
+                    }
+                    if let Some(n) = r.leftovers {
+                        left_total = Some(left_total.unwrap_or(0) + n);
                     }
                     if c == top {
                         top_rate = r.per_sec;
@@ -1085,7 +1134,11 @@ fn tables(rows: &[Row], rt: &str, p: &Params) -> Vec<Table> {
             cells[1] = format!("{l} *({kind})*");
             cells.push(ratio(top_rate, raw_t));
             cells.push(ratio(top_rate, best_t));
-            cells.push(leftover);
+            cells.push(match (failed, left_total) {
+                (Some(e), _) => format!("**failed**: {}", e.replace('|', "/")),
+                (None, Some(n)) => n.to_string(),
+                (None, None) => "–".into(),
+            });
             tput.row(cells);
         }
         for r in in_group.iter().filter(|r| r.scenario == "contention") {
@@ -1105,12 +1158,15 @@ fn tables(rows: &[Row], rt: &str, p: &Params) -> Vec<Table> {
     cycle.note(
         "Ratios are against the group's raw protocol cycle and its fastest peer, measured in the \
          same run with the implementations taking turns. *locks left*: lock keys (or advisory \
-         locks, or etcd keys and leases) found on the servers right after the scenario."
+         locks, or etcd keys and leases) the scenario added on the servers, counted right \
+         after it while its clients were still connected."
             .to_owned(),
     );
     tput.note(
         "Shared clients (a `Locker`, a multiplexed connection, a peer's pool) serve all C tasks; \
-         our PostgreSQL backend opens a session per held lock."
+         our PostgreSQL backend opens a session per held lock. Each figure is two runs that \
+         alternate with the other implementations of the row's backend; *locks left* sums \
+         over the task counts."
             .to_owned(),
     );
     cont.note(
