@@ -943,6 +943,55 @@ mod tests {
     }
 
     #[test]
+    fn quick_mode_fails_on_a_fenced_stale_write_or_a_forbidden_overlap_only() {
+        use leasehold_core::SafetyClass;
+        let params = Params {
+            runs: 1,
+            backends: BACKENDS.iter().map(|b| (*b).to_owned()).collect(),
+            faults: FAULTS.iter().map(|(f, _)| (*f).to_owned()).collect(),
+        };
+        let idx = |b: &str, f: &str| {
+            let bi = BACKENDS.iter().position(|x| *x == b).unwrap_or(usize::MAX);
+            let fi = FAULTS
+                .iter()
+                .position(|(x, _)| *x == f)
+                .unwrap_or(usize::MAX);
+            (bi, fi)
+        };
+        let cell = |fencing, overlaps, stale_fenced| Cell {
+            runs: 1,
+            overlaps,
+            stale_plain: overlaps,
+            stale_fenced,
+            caps: Some(Capabilities::new(SafetyClass::Correctness, fencing)),
+            ..Cell::default()
+        };
+        let mut cells = BTreeMap::new();
+        // Expected: an overlap under a pause; best-effort tokens that went back.
+        cells.insert(idx("etcd", "pause"), cell(FencingKind::Monotonic, 1, 0));
+        cells.insert(idx("redis", "restart"), cell(FencingKind::BestEffort, 1, 1));
+        let (md, csv, violations) = render(&params, &cells, Duration::ZERO);
+        assert!(violations.is_empty(), "{violations:?}");
+        assert!(
+            md.contains("| 1 / 1 / 0 |") && csv.contains("etcd,pause,true,1,"),
+            "{md}"
+        );
+        // Violations: a monotonic token that let a stale write through; a forbidden overlap.
+        cells.insert(
+            idx("postgres", "pg-terminate"),
+            cell(FencingKind::Monotonic, 1, 1),
+        );
+        cells.insert(idx("postgres", "pause"), cell(FencingKind::Monotonic, 1, 0));
+        let (_, _, violations) = render(&params, &cells, Duration::ZERO);
+        assert_eq!(violations.len(), 2, "{violations:?}");
+        assert!(violations[0].contains("postgres / pause"), "{violations:?}");
+        assert!(
+            violations[1].contains("monotonic fencing"),
+            "{violations:?}"
+        );
+    }
+
+    #[test]
     fn proxied_urls_keep_everything_but_the_address() -> Result<(), BoxError> {
         assert_eq!(
             addr_of("postgres://u:p@127.0.0.1:17432/db")?.to_string(),
