@@ -18,6 +18,11 @@
 //! run (and are paid for) inside the measurement. The report is the median over rounds of the
 //! time per request, and the median over rounds of the per-round ratios.
 //!
+//! With the `metrics` feature, every variant runs under a recording recorder
+//! (`metrics-util`'s debugging recorder, whose registry is the one the Prometheus exporter
+//! uses), and a fourth variant, `layer, no recorder`, runs the layer under a no-op recorder in
+//! the same rounds: their ratio is the cost of recording.
+//!
 //! Arguments: `[rounds] [requests per round]` (default 21 × 20000).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -34,9 +39,29 @@ enum Variant {
     Bare,
     Locker,
     Layer,
+    /// The layer, with a no-op recorder instead of the recording one (`metrics` feature).
+    LayerNoRecorder,
 }
 
-const VARIANTS: [Variant; 3] = [Variant::Bare, Variant::Locker, Variant::Layer];
+const VARIANTS: [Variant; 4] = [
+    Variant::Bare,
+    Variant::Locker,
+    Variant::Layer,
+    Variant::LayerNoRecorder,
+];
+
+/// Runs one variant under the recorder it calls for.
+async fn run_under(variant: Variant, locker: &Locker, n: u64, base: u64) -> Duration {
+    #[cfg(feature = "metrics")]
+    {
+        let noop = metrics::NoopRecorder;
+        let _guard = (variant == Variant::LayerNoRecorder)
+            .then(|| metrics::set_default_local_recorder(&noop));
+        run(variant, locker, n, base).await
+    }
+    #[cfg(not(feature = "metrics"))]
+    run(variant, locker, n, base).await
+}
 
 /// The request: an `http` request whose body is its key (the layer puts the lease into its
 /// extensions, as it would for a real service).
@@ -66,7 +91,7 @@ async fn run(variant: Variant, locker: &Locker, n: u64, base: u64) -> Duration {
                 std::hint::black_box(out);
                 lease.release().await.unwrap();
             }
-            Variant::Layer => {
+            Variant::Layer | Variant::LayerNoRecorder => {
                 let mut s = layered.clone();
                 let out = s.ready().await.unwrap().call(req).await.unwrap();
                 std::hint::black_box(out);
@@ -97,33 +122,37 @@ fn main() {
         .build()
         .unwrap();
     let locker = Locker::new(MemoryBackend::new());
-    let mut per_request: [Vec<f64>; 3] = [Vec::new(), Vec::new(), Vec::new()];
+    let variants = if cfg!(feature = "metrics") { 4 } else { 3 };
+    let mut per_request: [Vec<f64>; 4] = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
     let mut layer_vs_locker = Vec::new();
     let mut layer_vs_bare = Vec::new();
+    let mut recorder_vs_noop = Vec::new();
     let mut base = 0;
     rt.block_on(async {
         // Warm-up.
-        for v in VARIANTS {
-            run(v, &locker, n / 10, base).await;
+        for v in &VARIANTS[..variants] {
+            run_under(*v, &locker, n / 10, base).await;
             base += n;
         }
         for round in 0..rounds {
-            let mut ns = [0.0; 3];
-            for k in 0..3 {
-                let i = (round + k) % 3;
-                let elapsed = run(VARIANTS[i], &locker, n, base).await;
+            let mut ns = [0.0; 4];
+            for k in 0..variants {
+                let i = (round + k) % variants;
+                let elapsed = run_under(VARIANTS[i], &locker, n, base).await;
                 base += n;
                 ns[i] = elapsed.as_nanos() as f64 / n as f64;
             }
-            for i in 0..3 {
+            for i in 0..variants {
                 per_request[i].push(ns[i]);
             }
             layer_vs_locker.push(ns[2] / ns[1]);
             layer_vs_bare.push(ns[2] - ns[0]);
+            recorder_vs_noop.push(ns[2] / ns[3]);
         }
     });
 
-    let [bare, by_hand, layer] = per_request.map(median);
+    let [bare, by_hand, layer, layer_noop] =
+        per_request.map(|v| if v.is_empty() { 0.0 } else { median(v) });
     println!(
         "LockLayer overhead, memory backend, {rounds} rounds x {n} requests, metrics feature {}",
         if cfg!(feature = "metrics") {
@@ -138,6 +167,9 @@ fn main() {
     println!("| bare service | {bare:.0} |");
     println!("| Locker by hand (try_acquire, call, release) | {by_hand:.0} |");
     println!("| LockLayer (try mode) | {layer:.0} |");
+    if variants == 4 {
+        println!("| LockLayer (try mode), no-op recorder | {layer_noop:.0} |");
+    }
     println!();
     println!(
         "LockLayer / Locker by hand: {:.2}x (median of per-round ratios)",
@@ -147,4 +179,10 @@ fn main() {
         "LockLayer minus bare service: {:.0} ns per request (median)",
         median(layer_vs_bare)
     );
+    if variants == 4 {
+        println!(
+            "LockLayer with a recording recorder / with a no-op one: {:.2}x (median of per-round ratios)",
+            median(recorder_vs_noop)
+        );
+    }
 }
