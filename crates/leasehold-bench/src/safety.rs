@@ -273,8 +273,8 @@ fn timing(backend: &str) -> Timing {
     }
 }
 
-/// Runs the table: returns the Markdown, after writing `safety.md` and `safety.csv` to `out`;
-/// an error if an invariant failed or a trial could not run.
+/// Runs the table, prints it and writes `safety.md` and `safety.csv` to `out`; an error if an
+/// invariant failed or a trial could not run.
 pub(crate) fn main(out: &Path, params: &Params) -> Result<(), BoxError> {
     for b in &params.backends {
         if !BACKENDS.contains(&b.as_str()) {

@@ -31,6 +31,7 @@ struct GrantRec {
     client: &'static str,
     acquired: Instant,
     end: Option<Instant>,
+    token: Option<FencingToken>,
 }
 
 /// What the writes of one trial did.
@@ -67,12 +68,13 @@ impl Trial {
         self.grants.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn grant(&self, client: &'static str, acquired: Instant) -> usize {
+    fn grant(&self, client: &'static str, acquired: Instant, token: Option<FencingToken>) -> usize {
         let mut g = self.grants();
         g.push(GrantRec {
             client,
             acquired,
             end: None,
+            token,
         });
         g.len() - 1
     }
@@ -83,17 +85,19 @@ impl Trial {
         }
     }
 
-    /// Writes to both stores as grant `id`; returns whether the write was stale.
-    fn write(&self, id: usize, token: Option<FencingToken>) -> bool {
+    /// Writes to both stores as grant `id`, with its token; returns whether the write was stale.
+    fn write(&self, id: usize) -> bool {
         let at = Instant::now();
-        let stale = {
+        let (stale, token) = {
             let g = self.grants();
-            let mine = g.get(id).map(|m| m.acquired);
-            mine.is_some_and(|mine| {
-                g.iter()
-                    .enumerate()
-                    .any(|(i, o)| i != id && o.acquired > mine && o.acquired <= at)
-            })
+            let Some(mine) = g.get(id) else {
+                return false;
+            };
+            let stale = g
+                .iter()
+                .enumerate()
+                .any(|(i, o)| i != id && o.acquired > mine.acquired && o.acquired <= at);
+            (stale, mine.token)
         };
         let fenced_ok = token.map(|t| self.fenced.write(&self.resource, t).is_ok());
         let mut w = self.writes.lock().unwrap_or_else(PoisonError::into_inner);
@@ -306,8 +310,9 @@ fn actor(
                             Ok(Some(lease)) => {
                                 // Only grants of the trial's resource are watched (not the
                                 // warm-up keys).
-                                let id = (key == trial.resource)
-                                    .then(|| trial.grant(name, Instant::now()));
+                                let id = (key == trial.resource).then(|| {
+                                    trial.grant(name, Instant::now(), lease.fencing_token())
+                                });
                                 let noticed = Arc::new(Mutex::new(None));
                                 let signal = lease.lost();
                                 let n = Arc::clone(&noticed);
@@ -352,13 +357,12 @@ fn actor(
                             Wrote::NoticedLoss
                         }
                         Some(Holding { id: None, .. }) => Wrote::NotHolding,
-                        Some(h) => {
+                        Some(Holding { id: Some(id), .. }) => {
                             if !pause.is_zero() {
                                 // Stop the world: this thread runs the client's runtime.
                                 std::thread::sleep(pause);
                             }
-                            let id = h.id.unwrap_or(usize::MAX);
-                            Wrote::Yes(trial.write(id, h.lease.fencing_token()))
+                            Wrote::Yes(trial.write(*id))
                         }
                     };
                     let _ = reply.send(outcome);
@@ -395,12 +399,12 @@ mod tests {
     fn a_write_after_a_newer_grant_is_stale_and_only_fencing_stops_it() {
         let t = Trial::new("r");
         let t0 = Instant::now();
-        let a = t.grant("A", t0);
-        assert!(!t.write(a, token(5)), "no newer grant yet");
-        let b = t.grant("B", t0 + Duration::from_millis(1));
+        let a = t.grant("A", t0, token(5));
+        assert!(!t.write(a), "no newer grant yet");
+        let b = t.grant("B", t0 + Duration::from_millis(1), token(6));
         std::thread::sleep(Duration::from_millis(2));
-        assert!(!t.write(b, token(6)));
-        assert!(t.write(a, token(5)), "A wrote after B was granted");
+        assert!(!t.write(b));
+        assert!(t.write(a), "A wrote after B was granted");
         let w = t.writes();
         assert_eq!(
             (w.stale_plain, w.stale_fenced, w.rightful_rejected),
@@ -412,15 +416,12 @@ mod tests {
     fn a_token_that_went_back_lets_the_stale_write_through() {
         let t = Trial::new("r");
         let t0 = Instant::now();
-        let a = t.grant("A", t0);
-        assert!(!t.write(a, token(3)));
-        let b = t.grant("B", t0 + Duration::from_millis(1));
+        let a = t.grant("A", t0, token(3));
+        assert!(!t.write(a));
+        let b = t.grant("B", t0 + Duration::from_millis(1), token(1));
         std::thread::sleep(Duration::from_millis(2));
-        assert!(
-            !t.write(b, token(1)),
-            "the newest holder's write is not stale"
-        );
-        assert!(t.write(a, token(3)));
+        assert!(!t.write(b), "the newest holder's write is not stale");
+        assert!(t.write(a));
         let w = t.writes();
         assert_eq!(
             (w.stale_plain, w.stale_fenced, w.rightful_rejected),
@@ -432,12 +433,12 @@ mod tests {
     fn intervals_of_different_clients_overlap_only_if_they_intersect() {
         let t = Trial::new("r");
         let t0 = Instant::now();
-        let a = t.grant("A", t0);
+        let a = t.grant("A", t0, None);
         t.end(a, t0 + Duration::from_millis(10));
-        let b = t.grant("B", t0 + Duration::from_millis(10));
+        let b = t.grant("B", t0 + Duration::from_millis(10), None);
         t.end(b, t0 + Duration::from_millis(20));
         assert!(!t.overlapped(), "back to back is not an overlap");
-        let a2 = t.grant("A", t0 + Duration::from_millis(15));
+        let a2 = t.grant("A", t0 + Duration::from_millis(15), None);
         t.end(a2, t0 + Duration::from_millis(30));
         assert!(t.overlapped());
         // An end is never moved later (a loss noticed first stays the end).
