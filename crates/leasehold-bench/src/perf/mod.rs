@@ -1274,3 +1274,132 @@ pub(crate) fn main(cli: &Cli, p: Params) -> Result<(), BoxError> {
         Err(format!("{} problem(s), listed above", problems.len()).into())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn grant(task: usize, at: Instant, got_ms: u64, held_ms: u64) -> Grant {
+        let got = at + Duration::from_millis(got_ms);
+        Grant {
+            task,
+            asked: at,
+            got,
+            freed: got + Duration::from_millis(held_ms),
+        }
+    }
+
+    #[test]
+    fn contention_figures_from_grants() {
+        let t0 = Instant::now();
+        let mut r = Row::default();
+        // Task 0 holds 0–1 ms, task 0 again 2–3 ms, task 1 from 5 ms (asked at 0).
+        fill_contention(
+            &mut r,
+            vec![grant(1, t0, 5, 1), grant(0, t0, 0, 1), grant(0, t0, 2, 1)],
+        );
+        assert_eq!(r.error, None);
+        assert_eq!(r.grants, Some(3));
+        assert_eq!(r.longest_wait, Some(Duration::from_millis(5)));
+        assert_eq!(r.handoff_p50, Some(Duration::from_millis(2)));
+        assert_eq!(r.straight_back.map(|x| x.round()), Some(50.0));
+    }
+
+    #[test]
+    fn overlapping_grants_are_an_error() {
+        let t0 = Instant::now();
+        let mut r = Row::default();
+        fill_contention(&mut r, vec![grant(0, t0, 0, 5), grant(1, t0, 3, 1)]);
+        assert!(
+            r.error
+                .as_deref()
+                .is_some_and(|e| e.contains("two holders at once")),
+            "{:?}",
+            r.error
+        );
+        assert!(
+            !problems(&[Row {
+                scenario: "contention",
+                ..r
+            }])
+            .is_empty()
+        );
+    }
+
+    fn cycle_row(label: &str, kind: &'static str, p50_ms: u64) -> Row {
+        Row {
+            runtime: "rt".into(),
+            group: "g".into(),
+            scenario: "cycle",
+            label: label.into(),
+            kind,
+            concurrency: 1,
+            cycles: 10,
+            p50: Some(Duration::from_millis(p50_ms)),
+            p99: Some(Duration::from_millis(p50_ms * 2)),
+            per_sec: Some(1000.0 / p50_ms as f64),
+            leftovers: Some(0),
+            ..Row::default()
+        }
+    }
+
+    #[test]
+    fn problems_flag_errors_leftovers_and_nonsense_but_not_timings() {
+        let clean = cycle_row("ours", "ours", 3);
+        assert!(problems(std::slice::from_ref(&clean)).is_empty());
+        let slow = cycle_row("ours", "ours", 30_000);
+        assert!(problems(&[slow]).is_empty(), "timings never fail a run");
+        let leaky = Row {
+            leftovers: Some(2),
+            ..clean.clone()
+        };
+        assert!(problems(&[leaky])[0].contains("left 2 lock(s)"));
+        let failed = Row {
+            error: Some("boom".into()),
+            ..clean.clone()
+        };
+        assert!(problems(&[failed])[0].ends_with("boom"));
+        let empty = Row {
+            cycles: 0,
+            p50: None,
+            ..clean.clone()
+        };
+        assert!(problems(&[empty])[0].contains("no sensible latency"));
+        let idle = Row {
+            scenario: "throughput",
+            cycles: 0,
+            per_sec: Some(0.0),
+            ..clean
+        };
+        assert!(problems(&[idle])[0].contains("no cycle completed"));
+    }
+
+    #[test]
+    fn ratios_are_against_raw_and_the_fastest_peer() {
+        let rows = vec![
+            cycle_row("ours", "ours", 6),
+            cycle_row("raw", "raw", 4),
+            cycle_row("slow peer", "peer", 12),
+            cycle_row("fast peer", "peer", 3),
+        ];
+        let p = Params::quick(Vec::new());
+        let t = tables(&rows, "rt", &p);
+        let ours = &t[0].rows[0];
+        assert_eq!(ours[5], "1.50×", "{ours:?}");
+        assert_eq!(ours[6], "2.00×", "{ours:?}");
+        let md = t[0].markdown();
+        assert!(md.contains("| g | fast peer *(peer)* |"), "{md}");
+    }
+
+    #[test]
+    fn csv_quotes_text_fields() {
+        let r = Row {
+            error: Some("said \"no\", twice".into()),
+            ..cycle_row("a, b", "peer", 1)
+        };
+        let text = csv(&[r]);
+        let line = text.lines().nth(1).unwrap_or_default();
+        assert!(line.contains("\"a, b\""), "{line}");
+        assert!(line.ends_with("\"said \"\"no\"\", twice\""), "{line}");
+    }
+}

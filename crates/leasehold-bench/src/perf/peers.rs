@@ -272,3 +272,24 @@ pub(crate) fn sqlx08_url(conninfo: &str, app: &str) -> Result<String, BoxError> 
         "postgres://{user}{password}@{host}:{port}/{db}?application_name={app}{socket}"
     ))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sqlx08_urls_for_tcp_and_the_unix_socket() -> Result<(), BoxError> {
+        assert_eq!(
+            sqlx08_url("postgres://u:p@127.0.0.1:17432/db", "app")?,
+            "postgres://u:p@127.0.0.1:17432/db?application_name=app"
+        );
+        assert_eq!(
+            sqlx08_url(
+                "host=/tmp/sock port=17432 user=u password=p dbname=db",
+                "app"
+            )?,
+            "postgres://u:p@localhost:17432/db?application_name=app&host=/tmp/sock"
+        );
+        Ok(())
+    }
+}
