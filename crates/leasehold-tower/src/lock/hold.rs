@@ -39,7 +39,8 @@ impl HeldLease {
         self.abort_on.is_some()
     }
 
-    /// The lease itself (its lost signal: [`Lease::lost`]).
+    /// Takes the lease out, to release it explicitly or keep it longer; the loss no longer
+    /// aborts anything.
     pub fn into_lease(self) -> Lease {
         self.lease
     }
