@@ -352,9 +352,7 @@ async fn a_lease_lost_mid_stream_breaks_the_body_by_default() {
         .unwrap();
     assert_eq!(next_data(&mut body).await.unwrap(), "part 1");
     // The producer stalls past the lease: the body fails instead of completing.
-    let started = std::time::Instant::now();
     let err = body.frame().await.unwrap().unwrap_err();
-    assert!(started.elapsed() >= Duration::from_millis(50));
     let lost = err.downcast_ref::<LeaseLostError>().unwrap();
     assert_eq!(lost.key.as_str(), "reports/4");
     assert_eq!(lost.reason, LossReason::Expired);
