@@ -1190,7 +1190,8 @@ fn tables(rows: &[Row], rt: &str, p: &Params) -> Vec<Table> {
         "Ratios are against the group's raw protocol cycle and its fastest peer, measured in the \
          same run with the implementations taking turns. *locks left*: lock keys (or advisory \
          locks, or etcd keys and leases) the scenario added on the servers, counted right \
-         after it while its clients were still connected."
+         after it while its clients were still connected (and, when that finds any, once \
+         more a second later, so a release still on the wire does not count)."
             .to_owned(),
     );
     tput.note(

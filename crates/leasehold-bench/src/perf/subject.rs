@@ -67,9 +67,6 @@ pub(crate) type MakeClient =
 
 /// How to count the locks a subject left behind.
 pub(crate) enum Count {
-    /// Not countable from outside (none so far).
-    #[allow(dead_code)]
-    Nothing,
     /// A closure (in-process backends: memory, file).
     Local(Box<dyn Fn() -> usize + Send + Sync>),
     /// Keys containing `needle` that still carry a TTL (lock keys; fencing counters carry
@@ -115,7 +112,6 @@ impl Subject {
     /// What this subject left on the servers, or `None` when that cannot be counted.
     pub(crate) async fn leftovers(&self) -> Result<Option<u64>, BoxError> {
         Ok(match &self.count {
-            Count::Nothing => None,
             Count::Local(f) => Some(f() as u64),
             Count::Redis { urls, needle } => {
                 let mut n = 0;
