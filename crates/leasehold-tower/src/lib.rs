@@ -49,7 +49,8 @@
 //! 503 Service Unavailable when the backend is unreachable or the lease was lost mid-request,
 //! 500 for an invalid key. The inner service's own errors pass through, so an infallible
 //! handler stays infallible (as axum requires). [`LockError::status`] gives the default status
-//! for code that renders errors itself.
+//! for code that renders errors itself, and [`FenceError::status`] the status of a fence's
+//! refusal (409 for a stale token).
 //!
 //! # Metrics
 //!

@@ -153,6 +153,21 @@ impl Parts {
     }
 }
 
+impl<E> crate::FenceError<E> {
+    /// The HTTP status of this error, for a resource service that answers over `http`:
+    /// **409 Conflict** for a stale token (the sender's lease was superseded), **400 Bad
+    /// Request** for a request without a token, **503 Service Unavailable** when the store of
+    /// highest tokens failed; `None` for the inner service's own error.
+    pub fn status(&self) -> Option<StatusCode> {
+        Some(match self {
+            crate::FenceError::Stale { .. } => StatusCode::CONFLICT,
+            crate::FenceError::MissingToken => StatusCode::BAD_REQUEST,
+            crate::FenceError::Store(_) => StatusCode::SERVICE_UNAVAILABLE,
+            crate::FenceError::Service(_) => return None,
+        })
+    }
+}
+
 impl<E, R> LockError<E, R> {
     /// The HTTP status of this error under the default [`StatusMap`]; `None` for the inner
     /// service's own error.

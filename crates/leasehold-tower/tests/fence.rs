@@ -231,3 +231,24 @@ mod postgres {
             .unwrap();
     }
 }
+
+#[test]
+fn fence_errors_have_http_statuses() {
+    use http::StatusCode;
+    let stale: FenceError<Infallible> = FenceError::Stale {
+        resource: "r".to_owned(),
+        token: FencingToken::new(1),
+        highest: FencingToken::new(2),
+    };
+    assert_eq!(stale.status(), Some(StatusCode::CONFLICT));
+    let missing: FenceError<Infallible> = FenceError::MissingToken;
+    assert_eq!(missing.status(), Some(StatusCode::BAD_REQUEST));
+    let store: FenceError<Infallible> = FenceError::Store(leasehold_core::Error::new(
+        leasehold_core::ErrorKind::Unavailable,
+        "fence",
+        "down",
+    ));
+    assert_eq!(store.status(), Some(StatusCode::SERVICE_UNAVAILABLE));
+    let inner: FenceError<std::io::Error> = FenceError::Service(std::io::Error::other("x"));
+    assert_eq!(inner.status(), None);
+}
