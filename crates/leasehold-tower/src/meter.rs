@@ -20,14 +20,14 @@ impl Meter {
         Self { route }
     }
 
-    /// Counts one request with this outcome.
+    /// Counts one request with this outcome (once: the label moves into the counter's key).
     #[inline(always)]
-    pub(crate) fn record(&self, outcome: &'static str) {
+    pub(crate) fn record(&mut self, outcome: &'static str) {
         #[cfg(feature = "metrics")]
         {
             let route = self
                 .route
-                .clone()
+                .take()
                 .unwrap_or_else(|| SharedString::const_str(NO_ROUTE));
             metrics::counter!(leasehold_core::metrics::REQUESTS, "route" => route, "outcome" => outcome)
                 .increment(1);
