@@ -284,9 +284,8 @@ where
                 };
                 return Poll::Ready(match (loss, out) {
                     (None, Ok(response)) => {
-                        let abort_on = (on_lost_mode == OnLost::Abort)
-                            .then(|| lost.unwrap_or_else(|| lease.lost().into_future()));
-                        Ok(hold.hold(response, HeldLease::new(lease, abort_on)))
+                        let abort = on_lost_mode == OnLost::Abort;
+                        Ok(hold.hold(response, HeldLease::new(lease, abort, lost)))
                     }
                     (None, Err(e)) => Err(LockError::Service(e)),
                     (Some(reason), out) => Err(LockError::LeaseLost {

@@ -2,7 +2,7 @@
 //! body has finished streaming.
 
 use std::fmt;
-use std::future::Future;
+use std::future::{Future, IntoFuture};
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
@@ -19,13 +19,26 @@ pub(super) type Lost = Pin<Box<dyn Future<Output = LossReason> + Send>>;
 /// Dropping it drops the lease, which releases it in the background.
 pub struct HeldLease {
     lease: Lease,
-    /// Polled only with [`OnLost::Abort`](super::OnLost::Abort): the loss ends the body.
-    abort_on: Option<Lost>,
+    /// [`OnLost::Abort`](super::OnLost::Abort): the loss ends what still runs under the lease.
+    abort: bool,
+    /// The lost signal, armed by the first user that needs it (the response future passes on
+    /// the one it already polled).
+    lost: Option<Lost>,
 }
 
 impl HeldLease {
-    pub(super) fn new(lease: Lease, abort_on: Option<Lost>) -> Self {
-        Self { lease, abort_on }
+    pub(super) fn new(lease: Lease, abort: bool, lost: Option<Lost>) -> Self {
+        Self { lease, abort, lost }
+    }
+
+    /// Polls the lost signal if the policy is to abort on loss (arming it on first use).
+    fn poll_abort(&mut self, cx: &mut Context<'_>) -> Poll<LossReason> {
+        if !self.abort {
+            return Poll::Pending;
+        }
+        let lease = &self.lease;
+        let lost = self.lost.get_or_insert_with(|| lease.lost().into_future());
+        lost.as_mut().poll(cx)
     }
 
     /// The lease.
@@ -36,7 +49,7 @@ impl HeldLease {
     /// Whether the policy is [`OnLost::Abort`](super::OnLost::Abort): whatever still runs
     /// under the lease should stop when it is lost.
     pub fn aborts_on_loss(&self) -> bool {
-        self.abort_on.is_some()
+        self.abort
     }
 
     /// Takes the lease out, to release it explicitly or keep it longer; the loss no longer
@@ -199,8 +212,7 @@ where
             return Poll::Ready(None);
         }
         if let Some(held) = this.held.as_mut()
-            && let Some(lost) = held.abort_on.as_mut()
-            && let Poll::Ready(reason) = lost.as_mut().poll(cx)
+            && let Poll::Ready(reason) = held.poll_abort(cx)
         {
             let key = held.lease.key().clone();
             *this.held = None;
