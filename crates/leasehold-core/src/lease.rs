@@ -134,8 +134,17 @@ impl Shared {
                 _ => self.count_loss(&reason),
             }
             s.lost = Some(reason);
-            true
+            self.watched()
         });
+    }
+
+    /// Whether a change of the status must wake anyone, i.e. whether any [`LostSignal`] exists.
+    /// Waking the channel's waiters costs as much as the rest of a lease's bookkeeping, and
+    /// most leases never hand out a signal. Called inside `send_if_modified`, under the
+    /// channel's write lock: a signal subscribed after this said no reads the changed value
+    /// before it waits for a change (every reader of the status does), so it misses nothing.
+    fn watched(&self) -> bool {
+        self.tx.receiver_count() > 0
     }
 
     fn status(&self) -> Status {
@@ -356,9 +365,10 @@ impl Lease {
         validity: Validity,
         ttl: Duration,
     ) -> Self {
-        shared
-            .tx
-            .send_modify(|s| s.valid_until = Some(shared.drift.deadline(validity)));
+        shared.tx.send_if_modified(|s| {
+            s.valid_until = Some(shared.drift.deadline(validity));
+            shared.watched()
+        });
         metrics::held(backend.name(), 1.0);
         Self {
             inner: Arc::new(Inner {
@@ -653,5 +663,44 @@ async fn watchdog(lease: Weak<Inner>, interval: Duration) {
                 next = now + retry;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Locker, MemoryBackend};
+
+    /// Status changes wake nobody while no lost signal exists; a signal taken before or after
+    /// a change still sees it.
+    #[tokio::test]
+    async fn lost_signals_see_changes_made_while_nobody_watched() {
+        let locker = Locker::new(MemoryBackend::new());
+        let wait = Duration::from_secs(1);
+
+        // Released with no signal out: a signal taken afterwards reports it at once.
+        let lease = locker.acquire("a", wait).await.unwrap();
+        assert!(lease.valid_until() > Instant::now(), "the deadline was set");
+        assert!(lease.release().await.unwrap());
+        let late = lease.lost();
+        assert_eq!(late.reason(), Some(LossReason::Released));
+        let reason = tokio::time::timeout(wait, late.wait()).await;
+        assert_eq!(reason.unwrap(), LossReason::Released);
+
+        // A signal taken first is woken by the release.
+        let lease = locker.acquire("b", wait).await.unwrap();
+        let early = lease.lost();
+        assert!(!early.is_lost());
+        let waiter = tokio::spawn(early.wait());
+        tokio::task::yield_now().await;
+        assert!(lease.release().await.unwrap());
+        let reason = tokio::time::timeout(wait, waiter).await.unwrap().unwrap();
+        assert_eq!(reason, LossReason::Released);
+
+        // Dropped instead of released: the signal handed out with the info sees it.
+        let lease = locker.acquire("c", wait).await.unwrap();
+        let info = lease.info();
+        drop(lease);
+        assert_eq!(info.lost.reason(), Some(LossReason::Released));
     }
 }
