@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use leasehold_test_support::require_service;
-use leasehold_test_support::services::Service;
+use leasehold_test_support::services::{Service, unique_prefix};
 
 /// One backend under test.
 struct Case {
@@ -60,22 +60,12 @@ async fn two_runs(rt: &Path, case: &Case, key: &str) {
     assert_eq!(!t1.is_empty(), case.mints, "token: {t1:?}");
 
     let t = Instant::now();
-    let out = output(
-        rt,
-        &["run", "--key", key, "--url", u, "--no-wait", "--", "true"],
-    )
-    .await;
+    let out = run_true(rt, key, u, &["--no-wait"]).await;
     assert_eq!(out.status.code(), Some(75), "contention: {out:?}");
     assert!(t.elapsed() < Duration::from_secs(2), "--no-wait waited");
     assert!(stderr(&out).contains("held by someone else"));
 
-    let out = output(
-        rt,
-        &[
-            "run", "--key", key, "--url", u, "--wait", "300ms", "--", "true",
-        ],
-    )
-    .await;
+    let out = run_true(rt, key, u, &["--wait", "300ms"]).await;
     assert_eq!(out.status.code(), Some(124), "timeout: {out:?}");
 
     let t = Instant::now();
@@ -155,11 +145,7 @@ async fn lost_mid_run(rt: &Path, case: &Case, key: &str, lose: &Fault) {
 
 async fn acquire_status_release(rt: &Path, case: &Case, key: &str) {
     let u = case.url.as_str();
-    let out = output(
-        rt,
-        &["acquire", "--key", key, "--url", u, "--ttl", case.ttl],
-    )
-    .await;
+    let out = on_key(rt, "acquire", key, u, &["--ttl", case.ttl]).await;
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     let ex = exports(&out);
     assert_eq!(ex["LEASEHOLD_KEY"], key);
@@ -168,9 +154,9 @@ async fn acquire_status_release(rt: &Path, case: &Case, key: &str) {
         case.mints,
         "{ex:?}"
     );
-    let pid: u32 = ex["LEASEHOLD_HOLDER_PID"].parse().unwrap();
+    let pid = holder_pid(&ex);
 
-    let st = output(rt, &["status", "--key", key, "--url", u, "--json"]).await;
+    let st = on_key(rt, "status", key, u, &["--json"]).await;
     assert_eq!(st.status.code(), Some(0), "held: {st:?}");
     let json = stdout(&st);
     assert!(json.contains("\"held\":true"), "{json}");
@@ -181,32 +167,28 @@ async fn acquire_status_release(rt: &Path, case: &Case, key: &str) {
             "{json}"
         );
     }
-    let busy = output(rt, &["acquire", "--key", key, "--url", u, "--no-wait"]).await;
+    let busy = on_key(rt, "acquire", key, u, &["--no-wait"]).await;
     assert_eq!(busy.status.code(), Some(75), "{busy:?}");
     // The holder keeps the lease past several TTLs.
     tokio::time::sleep(Duration::from_millis(3500)).await;
     assert!(alive(pid));
-    let st = output(rt, &["status", "--key", key, "--url", u]).await;
+    let st = on_key(rt, "status", key, u, &[]).await;
     assert_eq!(st.status.code(), Some(0), "still held: {st:?}");
 
-    let rel = output(rt, &["release", "--key", key, "--url", u]).await;
+    let rel = on_key(rt, "release", key, u, &[]).await;
     assert_eq!(rel.status.code(), Some(0), "{rel:?}");
     assert!(!alive(pid));
-    let st = output(rt, &["status", "--key", key, "--url", u]).await;
+    let st = on_key(rt, "status", key, u, &[]).await;
     assert_eq!(st.status.code(), Some(1), "free: {st:?}");
     assert!(stdout(&st).contains("is free"));
 }
 
 async fn lost_while_held(rt: &Path, case: &Case, key: &str, lose: &Fault) {
     let u = case.url.as_str();
-    let out = output(
-        rt,
-        &["acquire", "--key", key, "--url", u, "--ttl", case.ttl],
-    )
-    .await;
+    let out = on_key(rt, "acquire", key, u, &["--ttl", case.ttl]).await;
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     let ex = exports(&out);
-    let pid: u32 = ex["LEASEHOLD_HOLDER_PID"].parse().unwrap();
+    let pid = holder_pid(&ex);
     lose(key);
     eventually("the holder notices", Duration::from_secs(15), || {
         !alive(pid)
@@ -220,17 +202,17 @@ async fn lost_while_held(rt: &Path, case: &Case, key: &str, lose: &Fault) {
 /// Everything above, one key each.
 async fn scenarios(test: &str, case: Case, lose: Fault) {
     let rt = folder(test);
-    let k = |s: &str| {
-        format!(
-            "{}/{s}",
-            leasehold_test_support::services::unique_prefix(test)
-        )
-    };
+    let k = |s: &str| format!("{}/{s}", unique_prefix(test));
     two_runs(&rt, &case, &k("two")).await;
     lost_mid_run(&rt, &case, &k("lost-run"), &lose).await;
     acquire_status_release(&rt, &case, &k("hold")).await;
     lost_while_held(&rt, &case, &k("lost-hold"), &lose).await;
     let _ = std::fs::remove_dir_all(&rt);
+}
+
+/// A fresh key for a test that takes the lock by hand too.
+fn hand_key() -> String {
+    format!("{}/nightly", unique_prefix("hand"))
 }
 
 fn host_port(url: &str) -> (String, String) {
@@ -277,32 +259,16 @@ async fn redis_by_hand_as_the_guide_shows() {
     let redis = require_service!(Service::Redis);
     let url = redis.url();
     let rt = folder("cli_redis_hand");
-    let key = format!(
-        "{}/nightly",
-        leasehold_test_support::services::unique_prefix("hand")
-    );
+    let key = hand_key();
     let name = format!("leasehold:{{{key}}}");
     // Take it by hand: leasehold sees it held.
     assert_eq!(
         redis_cli(url, &["SET", &name, "by-hand", "NX", "PX", "30000"]),
         "OK"
     );
-    let out = output(
-        &rt,
-        &[
-            "run",
-            "--key",
-            &key,
-            "--url",
-            url,
-            "--no-wait",
-            "--",
-            "true",
-        ],
-    )
-    .await;
+    let out = run_true(&rt, &key, url, &["--no-wait"]).await;
     assert_eq!(out.status.code(), Some(75), "{out:?}");
-    let st = output(&rt, &["status", "--key", &key, "--url", url]).await;
+    let st = on_key(&rt, "status", &key, url, &[]).await;
     assert!(stdout(&st).contains("owner: by-hand"), "{st:?}");
     // Give it back with the compare-and-delete of the guide.
     let script =
@@ -312,7 +278,7 @@ async fn redis_by_hand_as_the_guide_shows() {
         "1"
     );
     // While leasehold holds it, SET NX by hand fails.
-    let out = output(&rt, &["acquire", "--key", &key, "--url", url]).await;
+    let out = on_key(&rt, "acquire", &key, url, &[]).await;
     assert_eq!(out.status.code(), Some(0));
     assert_eq!(
         redis_cli(url, &["SET", &name, "by-hand", "NX", "PX", "30000"]),
@@ -370,10 +336,7 @@ async fn redlock_by_hand_on_a_majority() {
     let nodes = require_service!(Service::Redlock).urls().to_vec();
     let url = redlock_url(&nodes);
     let rt = folder("cli_redlock_hand");
-    let key = format!(
-        "{}/nightly",
-        leasehold_test_support::services::unique_prefix("hand")
-    );
+    let key = hand_key();
     let name = format!("leasehold:{{{key}}}");
     // SET NX on 3 of the 5 nodes is a majority: leasehold cannot take it.
     for n in &nodes[..3] {
@@ -382,38 +345,12 @@ async fn redlock_by_hand_on_a_majority() {
             "OK"
         );
     }
-    let out = output(
-        &rt,
-        &[
-            "run",
-            "--key",
-            &key,
-            "--url",
-            &url,
-            "--no-wait",
-            "--",
-            "true",
-        ],
-    )
-    .await;
+    let out = run_true(&rt, &key, &url, &["--no-wait"]).await;
     assert_eq!(out.status.code(), Some(75), "{out:?}");
     for n in &nodes {
         redis_cli(n, &["DEL", &name]);
     }
-    let out = output(
-        &rt,
-        &[
-            "run",
-            "--key",
-            &key,
-            "--url",
-            &url,
-            "--no-wait",
-            "--",
-            "true",
-        ],
-    )
-    .await;
+    let out = run_true(&rt, &key, &url, &["--no-wait"]).await;
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     let _ = std::fs::remove_dir_all(&rt);
 }
@@ -457,10 +394,7 @@ async fn postgres_by_hand_as_the_guide_shows() {
     let pg = require_service!(Service::Postgres);
     let url = pg.url().to_owned();
     let rt = folder("cli_pg_hand");
-    let key = format!(
-        "{}/nightly",
-        leasehold_test_support::services::unique_prefix("hand")
-    );
+    let key = hand_key();
     // The guide's leasehold_key function (as a temporary function: the database is shared).
     let function = format!(
         "CREATE FUNCTION pg_temp.leasehold_key(name text) RETURNS bigint LANGUAGE sql IMMUTABLE STRICT AS $lh$ {} $lh$",
@@ -498,43 +432,13 @@ async fn postgres_by_hand_as_the_guide_shows() {
         .kill_on_drop(true)
         .spawn()
         .unwrap();
-    let t0 = Instant::now();
-    loop {
-        let st = output(&rt, &["status", "--key", &key, "--url", &url]).await;
-        if st.status.code() == Some(0) {
-            assert!(stdout(&st).contains("held by backend pid"), "{st:?}");
-            break;
-        }
-        assert!(t0.elapsed() < Duration::from_secs(4), "psql never locked");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let out = output(
-        &rt,
-        &[
-            "run",
-            "--key",
-            &key,
-            "--url",
-            &url,
-            "--no-wait",
-            "--",
-            "true",
-        ],
-    )
-    .await;
-    assert_eq!(out.status.code(), Some(75), "{out:?}");
-    let out = output(
-        &rt,
-        &[
-            "run", "--key", &key, "--url", &url, "--wait", "20s", "--", "true",
-        ],
-    )
-    .await;
-    assert_eq!(out.status.code(), Some(0), "after psql: {out:?}");
+    let st = until_held(&rt, &key, &url, Duration::from_secs(4), "psql never locked").await;
+    assert!(stdout(&st).contains("held by backend pid"), "{st:?}");
+    busy_then_runs_after(&rt, &key, &url, "psql").await;
     assert!(holder.wait().await.unwrap().success());
 
     // And the other way round: while leasehold holds it, psql's try fails.
-    let out = output(&rt, &["acquire", "--key", &key, "--url", &url]).await;
+    let out = on_key(&rt, "acquire", &key, &url, &[]).await;
     assert_eq!(out.status.code(), Some(0));
     let try_lock = format!("SELECT pg_try_advisory_lock(pg_temp.leasehold_key('{key}'))");
     assert_eq!(psql(&url, &["-c", &function, "-c", &try_lock]), "f");
@@ -559,9 +463,9 @@ fn etcdctl(endpoint: &str, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
 
-/// The lease of the key holding lock `key`, as the guide shows how to find it.
-fn etcd_holder_lease(endpoint: &str, key: &str) -> String {
-    let fields = etcdctl(
+/// The guide's `etcdctl get`: the first key queued on lock `key` (its holder), as fields.
+fn etcd_first_waiter(endpoint: &str, key: &str) -> String {
+    etcdctl(
         endpoint,
         &[
             "get",
@@ -573,7 +477,29 @@ fn etcd_holder_lease(endpoint: &str, key: &str) -> String {
             "-w",
             "fields",
         ],
-    );
+    )
+}
+
+/// `etcdctl lock leasehold/<key> CMD...`, spawned, its stdout going to `out`.
+fn etcdctl_lock(
+    endpoint: &str,
+    key: &str,
+    cmd: &[&str],
+    out: std::process::Stdio,
+) -> tokio::process::Child {
+    tokio::process::Command::new(tool("etcdctl"))
+        .args(["--endpoints", endpoint, "lock", &format!("leasehold/{key}")])
+        .args(cmd)
+        .env("ETCDCTL_API", "3")
+        .stdout(out)
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap()
+}
+
+/// The lease of the key holding lock `key`, as the guide shows how to find it.
+fn etcd_holder_lease(endpoint: &str, key: &str) -> String {
+    let fields = etcd_first_waiter(endpoint, key);
     let lease: i64 = fields
         .lines()
         .find_map(|l| l.strip_prefix("\"Lease\" : "))
@@ -609,80 +535,31 @@ async fn etcd_by_hand_as_the_guide_shows() {
     let endpoint = etcd.url().to_owned();
     let url = format!("etcd://{endpoint}");
     let rt = folder("cli_etcd_hand");
-    let key = format!(
-        "{}/nightly",
-        leasehold_test_support::services::unique_prefix("hand")
-    );
+    let key = hand_key();
     // `etcdctl lock leasehold/<key> CMD` holds our lock while CMD runs.
-    let mut holder = tokio::process::Command::new(tool("etcdctl"))
-        .args([
-            "--endpoints",
-            &endpoint,
-            "lock",
-            &format!("leasehold/{key}"),
-            "sleep",
-            "3",
-        ])
-        .env("ETCDCTL_API", "3")
-        .stdout(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let t0 = Instant::now();
-    loop {
-        let st = output(&rt, &["status", "--key", &key, "--url", &url]).await;
-        if st.status.code() == Some(0) {
-            break;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(3),
-            "etcdctl never locked"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let out = output(
+    let mut holder = etcdctl_lock(
+        &endpoint,
+        &key,
+        &["sleep", "3"],
+        std::process::Stdio::null(),
+    );
+    until_held(
         &rt,
-        &[
-            "run",
-            "--key",
-            &key,
-            "--url",
-            &url,
-            "--no-wait",
-            "--",
-            "true",
-        ],
+        &key,
+        &url,
+        Duration::from_secs(3),
+        "etcdctl never locked",
     )
     .await;
-    assert_eq!(out.status.code(), Some(75), "{out:?}");
-    let out = output(
-        &rt,
-        &[
-            "run", "--key", &key, "--url", &url, "--wait", "20s", "--", "true",
-        ],
-    )
-    .await;
-    assert_eq!(out.status.code(), Some(0), "after etcdctl: {out:?}");
+    busy_then_runs_after(&rt, &key, &url, "etcdctl").await;
     assert!(holder.wait().await.unwrap().success());
 
     // While leasehold holds it, the guide's `get` shows our key first, and `etcdctl lock`
     // queues behind us (it is still waiting when we release).
-    let out = output(&rt, &["acquire", "--key", &key, "--url", &url]).await;
+    let out = on_key(&rt, "acquire", &key, &url, &[]).await;
     assert_eq!(out.status.code(), Some(0));
     let ex = exports(&out);
-    let shown = etcdctl(
-        &endpoint,
-        &[
-            "get",
-            "--prefix",
-            &format!("leasehold/{key}/"),
-            "--sort-by=CREATE",
-            "--order=ASCEND",
-            "--limit=1",
-            "-w",
-            "fields",
-        ],
-    );
+    let shown = etcd_first_waiter(&endpoint, key.as_str());
     assert!(
         shown.contains(&format!(
             "\"CreateRevision\" : {}",
@@ -690,20 +567,12 @@ async fn etcd_by_hand_as_the_guide_shows() {
         )),
         "{shown}"
     );
-    let mut queued = tokio::process::Command::new(tool("etcdctl"))
-        .args([
-            "--endpoints",
-            &endpoint,
-            "lock",
-            &format!("leasehold/{key}"),
-            "echo",
-            "mine",
-        ])
-        .env("ETCDCTL_API", "3")
-        .stdout(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let mut queued = etcdctl_lock(
+        &endpoint,
+        &key,
+        &["echo", "mine"],
+        std::process::Stdio::piped(),
+    );
     tokio::time::sleep(Duration::from_millis(700)).await;
     assert!(
         queued.try_wait().unwrap().is_none(),

@@ -18,13 +18,13 @@ fn url(dir: &std::path::Path) -> String {
 async fn acquire_status_release_round_trip() {
     let rt = folder("cli_hold_rt");
     let u = url(&rt);
-    let out = output(&rt, &["acquire", "--key", "deploy", "--url", &u]).await;
+    let out = on_key(&rt, "acquire", "deploy", &u, &[]).await;
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     let ex = exports(&out);
     assert_eq!(ex["LEASEHOLD_KEY"], "deploy");
     assert_eq!(ex["LEASEHOLD_BACKEND"], "file");
     assert_eq!(ex["LEASEHOLD_FENCING_TOKEN"], "1");
-    let pid: u32 = ex["LEASEHOLD_HOLDER_PID"].parse().unwrap();
+    let pid = holder_pid(&ex);
     let handle = ex["LEASEHOLD_HANDLE"].clone();
     assert!(alive(pid), "the holder outlives acquire");
     let state = std::fs::read_to_string(&handle).unwrap();
@@ -32,46 +32,23 @@ async fn acquire_status_release_round_trip() {
     assert!(state.contains(&format!("LEASEHOLD_HOLDER_PID='{pid}'")));
 
     // What the backend tells.
-    let st = output(&rt, &["status", "--key", "deploy", "--url", &u, "--json"]).await;
+    let st = on_key(&rt, "status", "deploy", &u, &["--json"]).await;
     assert_eq!(st.status.code(), Some(0), "{st:?}");
     let json = stdout(&st);
     assert!(json.contains("\"held\":true") && json.contains("\"fencing_token\":1"));
     assert!(json.contains(&format!("\"owner\":\"{}\"", owner_of(&state))));
 
     // Someone else: contention, then a timeout.
-    let busy = output(
-        &rt,
-        &["acquire", "--key", "deploy", "--url", &u, "--no-wait"],
-    )
-    .await;
+    let busy = on_key(&rt, "acquire", "deploy", &u, &["--no-wait"]).await;
     assert_eq!(busy.status.code(), Some(75), "{busy:?}");
     assert!(stdout(&busy).is_empty(), "nothing to eval on failure");
     let t = Instant::now();
-    let late = output(
-        &rt,
-        &[
-            "acquire", "--key", "deploy", "--url", &u, "--wait", "1500ms",
-        ],
-    )
-    .await;
+    let late = on_key(&rt, "acquire", "deploy", &u, &["--wait", "1500ms"]).await;
     assert_eq!(late.status.code(), Some(124), "{late:?}");
     assert!(t.elapsed() >= Duration::from_millis(1400));
     assert!(stderr(&late).contains("waiting up to 1s 500ms"), "{late:?}");
     // `run` on the same lock is excluded too.
-    let run = output(
-        &rt,
-        &[
-            "run",
-            "--key",
-            "deploy",
-            "--url",
-            &u,
-            "--no-wait",
-            "--",
-            "true",
-        ],
-    )
-    .await;
+    let run = run_true(&rt, "deploy", &u, &["--no-wait"]).await;
     assert_eq!(run.status.code(), Some(75));
 
     // Release through the handle; the holder exits and the files go.
@@ -79,16 +56,16 @@ async fn acquire_status_release_round_trip() {
     assert_eq!(rel.status.code(), Some(0), "{rel:?}");
     assert!(!alive(pid), "the holder is gone when release returns");
     assert!(!std::path::Path::new(&handle).exists());
-    let st = output(&rt, &["status", "--key", "deploy", "--url", &u]).await;
+    let st = on_key(&rt, "status", "deploy", &u, &[]).await;
     assert_eq!(st.status.code(), Some(1), "free: {st:?}");
     assert!(stdout(&st).contains("is free"));
     let again = output(&rt, &["release", "--key", "deploy"]).await;
     assert_eq!(again.status.code(), Some(1), "nothing left to release");
 
     // The next holder gets the next token.
-    let out = output(&rt, &["acquire", "--key", "deploy", "--url", &u]).await;
+    let out = on_key(&rt, "acquire", "deploy", &u, &[]).await;
     assert_eq!(exports(&out)["LEASEHOLD_FENCING_TOKEN"], "2");
-    let rel = output(&rt, &["release", "--key", "deploy", "--url", &u]).await;
+    let rel = on_key(&rt, "release", "deploy", &u, &[]).await;
     assert_eq!(rel.status.code(), Some(0), "{rel:?}");
     let _ = std::fs::remove_dir_all(&rt);
 }
@@ -132,7 +109,7 @@ echo released=$?"#
         stdout(&out),
         "token=1 key=it's mine\nchild sees 1\nreleased=0\n"
     );
-    let st = output(&rt, &["status", "--key", "it's mine", "--url", &u]).await;
+    let st = on_key(&rt, "status", "it's mine", &u, &[]).await;
     assert_eq!(st.status.code(), Some(1));
     let _ = std::fs::remove_dir_all(&rt);
 }
@@ -141,10 +118,10 @@ echo released=$?"#
 async fn a_lost_lease_ends_the_holder_and_release_says_so() {
     let rt = folder("cli_hold_lost");
     let u = url(&rt);
-    let out = output(&rt, &["acquire", "--key", "k", "--url", &u]).await;
+    let out = on_key(&rt, "acquire", "k", &u, &[]).await;
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     let ex = exports(&out);
-    let pid: u32 = ex["LEASEHOLD_HOLDER_PID"].parse().unwrap();
+    let pid = holder_pid(&ex);
     // Someone deletes the lock file: the file backend notices within a second.
     std::fs::remove_file(rt.join("locks").join("k.lock")).unwrap();
     eventually("the holder exits", Duration::from_secs(10), || !alive(pid)).await;
@@ -163,17 +140,17 @@ async fn a_lost_lease_ends_the_holder_and_release_says_so() {
 async fn sigterm_to_the_holder_releases() {
     let rt = folder("cli_hold_term");
     let u = url(&rt);
-    let out = output(&rt, &["acquire", "--key", "k", "--url", &u]).await;
+    let out = on_key(&rt, "acquire", "k", &u, &[]).await;
     let ex = exports(&out);
-    let pid: u32 = ex["LEASEHOLD_HOLDER_PID"].parse().unwrap();
-    let st = output(&rt, &["status", "--key", "k", "--url", &u]).await;
+    let pid = holder_pid(&ex);
+    let st = on_key(&rt, "status", "k", &u, &[]).await;
     assert_eq!(st.status.code(), Some(0));
     std::process::Command::new("kill")
         .arg(pid.to_string())
         .status()
         .unwrap();
     eventually("the holder exits", Duration::from_secs(10), || !alive(pid)).await;
-    let st = output(&rt, &["status", "--key", "k", "--url", &u]).await;
+    let st = on_key(&rt, "status", "k", &u, &[]).await;
     assert_eq!(st.status.code(), Some(1), "released on SIGTERM: {st:?}");
     assert!(!std::path::Path::new(&ex["LEASEHOLD_HANDLE"]).exists());
     let _ = std::fs::remove_dir_all(&rt);
@@ -183,7 +160,7 @@ async fn sigterm_to_the_holder_releases() {
 async fn quiet_silences_the_wait_notice() {
     let rt = folder("cli_hold_quiet");
     let u = url(&rt);
-    let out = output(&rt, &["acquire", "--key", "q", "--url", &u]).await;
+    let out = on_key(&rt, "acquire", "q", &u, &[]).await;
     let handle = exports(&out)["LEASEHOLD_HANDLE"].clone();
     for cmd in [
         vec!["acquire", "--key", "q", "--url", &u, "--wait", "1200ms"],
@@ -207,7 +184,7 @@ async fn quiet_silences_the_wait_notice() {
     // A short wait that succeeds says nothing either.
     let rel = output(&rt, &["release", "--handle", &handle]).await;
     assert_eq!(rel.status.code(), Some(0));
-    let fast = output(&rt, &["run", "--key", "q", "--url", &u, "--", "true"]).await;
+    let fast = on_key(&rt, "run", "q", &u, &["--", "true"]).await;
     assert_eq!(fast.status.code(), Some(0));
     assert!(stderr(&fast).is_empty(), "{fast:?}");
     let _ = std::fs::remove_dir_all(&rt);
@@ -283,10 +260,10 @@ async fn leasehold_url_names_the_backend_when_no_flag_does() {
         rt.join("locks").join("from-env.lock").exists(),
         "locked in $LEASEHOLD_URL's folder"
     );
-    let st = output(&rt, &["status", "--key", "from-env", "--url", &u]).await;
+    let st = on_key(&rt, "status", "from-env", &u, &[]).await;
     assert_eq!(st.status.code(), Some(0), "{st:?}");
     // release --url finds the holder by that location.
-    let rel = output(&rt, &["release", "--key", "from-env", "--url", &u]).await;
+    let rel = on_key(&rt, "release", "from-env", &u, &[]).await;
     assert_eq!(rel.status.code(), Some(0), "{rel:?}");
     let _ = std::fs::remove_dir_all(&rt);
 }
@@ -315,49 +292,35 @@ async fn flock_takes_the_same_lock_as_the_guide_shows() {
     .await
     .unwrap();
     assert_eq!(line.trim(), "locked");
-    let out = output(
-        &rt,
-        &[
-            "run",
-            "--key",
-            "nightly",
-            "--url",
-            &u,
-            "--no-wait",
-            "--",
-            "true",
-        ],
-    )
-    .await;
+    let out = run_true(&rt, "nightly", &u, &["--no-wait"]).await;
     assert_eq!(out.status.code(), Some(75), "{out:?}");
     assert!(by_hand.wait().await.unwrap().success());
     // leasehold holds it: flock -n fails (exit 1).
-    let out = output(&rt, &["acquire", "--key", "nightly", "--url", &u]).await;
+    let out = on_key(&rt, "acquire", "nightly", &u, &[]).await;
     assert_eq!(out.status.code(), Some(0));
-    let f = std::process::Command::new("flock")
-        .arg("-n")
-        .arg(&lock)
-        .args(["-c", "true"])
-        .status()
-        .unwrap();
-    assert_eq!(f.code(), Some(1));
+    assert_eq!(flock_try(&lock), Some(1));
     let rel = output(&rt, &["release", "--key", "nightly"]).await;
     assert_eq!(rel.status.code(), Some(0));
-    let f = std::process::Command::new("flock")
+    assert_eq!(flock_try(&lock), Some(0));
+    let _ = std::fs::remove_dir_all(&rt);
+}
+
+/// `flock -n LOCK true`: its exit code (1 while someone holds the lock).
+fn flock_try(lock: &std::path::Path) -> Option<i32> {
+    std::process::Command::new("flock")
         .arg("-n")
-        .arg(&lock)
+        .arg(lock)
         .args(["-c", "true"])
         .status()
-        .unwrap();
-    assert_eq!(f.code(), Some(0));
-    let _ = std::fs::remove_dir_all(&rt);
+        .unwrap()
+        .code()
 }
 
 #[tokio::test]
 async fn a_holder_whose_acquire_was_killed_gives_the_lock_back() {
     let rt = folder("cli_hold_orphan");
     let u = url(&rt);
-    let first = output(&rt, &["acquire", "--key", "k", "--url", &u]).await;
+    let first = on_key(&rt, "acquire", "k", &u, &[]).await;
     let first = exports(&first);
     // A second acquire waits; its caller is killed (Ctrl-C in a terminal kills the acquire
     // process, not the holder in its own process group).
@@ -377,7 +340,7 @@ async fn a_holder_whose_acquire_was_killed_gives_the_lock_back() {
     assert_eq!(rel.status.code(), Some(0));
     let t0 = Instant::now();
     loop {
-        let st = output(&rt, &["status", "--key", "k", "--url", &u, "--json"]).await;
+        let st = on_key(&rt, "status", "k", &u, &["--json"]).await;
         let fence = std::fs::read_to_string(rt.join("locks").join("k.fence")).unwrap_or_default();
         // Token 2 was minted: the orphan did take the lock; now it is free again.
         if fence.trim() == "2" && st.status.code() == Some(1) {

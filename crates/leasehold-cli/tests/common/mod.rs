@@ -39,6 +39,54 @@ pub(crate) async fn output(rt: &Path, args: &[&str]) -> Output {
         .expect("leasehold runs")
 }
 
+/// `leasehold VERB --key KEY --url URL EXTRA...`.
+pub(crate) async fn on_key(rt: &Path, verb: &str, key: &str, url: &str, extra: &[&str]) -> Output {
+    let mut args = vec![verb, "--key", key, "--url", url];
+    args.extend_from_slice(extra);
+    output(rt, &args).await
+}
+
+/// `leasehold run --key KEY --url URL OPTS... -- true`.
+pub(crate) async fn run_true(rt: &Path, key: &str, url: &str, opts: &[&str]) -> Output {
+    let mut extra = opts.to_vec();
+    extra.extend_from_slice(&["--", "true"]);
+    on_key(rt, "run", key, url, &extra).await
+}
+
+/// While someone else (`who`) holds `key`, `run --no-wait` fails with 75; `run --wait 20s`
+/// runs once they let go.
+pub(crate) async fn busy_then_runs_after(rt: &Path, key: &str, url: &str, who: &str) {
+    let out = run_true(rt, key, url, &["--no-wait"]).await;
+    assert_eq!(out.status.code(), Some(75), "{out:?}");
+    let out = run_true(rt, key, url, &["--wait", "20s"]).await;
+    assert_eq!(out.status.code(), Some(0), "after {who}: {out:?}");
+}
+
+/// Polls `leasehold status` every 50 ms until it says held (exit 0); that output. Fails with
+/// `what` after `limit`.
+pub(crate) async fn until_held(
+    rt: &Path,
+    key: &str,
+    url: &str,
+    limit: Duration,
+    what: &str,
+) -> Output {
+    let t0 = Instant::now();
+    loop {
+        let st = on_key(rt, "status", key, url, &[]).await;
+        if st.status.code() == Some(0) {
+            return st;
+        }
+        assert!(t0.elapsed() < limit, "{what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The holder process's pid from `acquire`'s exports.
+pub(crate) fn holder_pid(ex: &BTreeMap<String, String>) -> u32 {
+    ex["LEASEHOLD_HOLDER_PID"].parse().expect("a pid")
+}
+
 pub(crate) fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
