@@ -8,7 +8,7 @@ use tokio::time::Instant;
 
 use crate::Runtimes;
 use crate::report::{self, Bar, Table};
-use crate::stats::Summary;
+use crate::stats::{Grant, Summary};
 
 /// The error of a benchmark run.
 pub(crate) type BoxError = Box<dyn Error + Send + Sync>;
@@ -42,6 +42,41 @@ pub(crate) async fn interleaved(
         }
     }
     Ok(samples.into_iter().map(Summary::of).collect())
+}
+
+/// Holds a granted lock for `hold` (no sleep at all for a zero hold): the instants the hold
+/// began and ended.
+pub(crate) async fn held_for(hold: std::time::Duration) -> (Instant, Instant) {
+    let got = Instant::now();
+    if !hold.is_zero() {
+        tokio::time::sleep(hold).await;
+    }
+    (got, Instant::now())
+}
+
+/// Task `task` of a contention run: takes the lock over and over until `end`. `take` waits
+/// for it, holds it and releases it, and returns the instants it was granted and released.
+pub(crate) async fn grants_until<E, F, Fut>(
+    task: usize,
+    end: Instant,
+    mut take: F,
+) -> Result<Vec<Grant>, E>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<(Instant, Instant), E>>,
+{
+    let mut grants = Vec::new();
+    while Instant::now() < end {
+        let asked = Instant::now();
+        let (got, freed) = take().await?;
+        grants.push(Grant {
+            task,
+            asked,
+            got,
+            freed,
+        });
+    }
+    Ok(grants)
 }
 
 /// The Tokio runtimes chosen on the command line, with their names, built one at a time.

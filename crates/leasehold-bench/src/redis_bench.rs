@@ -13,7 +13,7 @@ use tokio::time::Instant;
 
 use crate::harness::{self, BoxError};
 use crate::report::{Bar, Table};
-use crate::stats::{Summary, ms};
+use crate::stats::{Contention, Grant, Summary, ms};
 
 /// What one run of `leasehold-bench redis` measures.
 #[derive(Debug, Clone, Copy)]
@@ -354,40 +354,16 @@ async fn throughput(p: Params, rt: &str, out: &mut Outcome) -> Result<(), BoxErr
     Ok(())
 }
 
-/// One acquisition in a contention run.
-#[derive(Debug, Clone, Copy)]
-struct Grant {
-    task: usize,
-    asked: Instant,
-    got: Instant,
-    freed: Instant,
-}
-
 /// Handoff (release → next holder, when it is a different task) p50, longest wait, and how
 /// often the releasing task took the lock straight back.
-fn contention_row(name: &str, mut grants: Vec<Grant>) -> Vec<String> {
-    grants.sort_by_key(|g| g.got);
-    let mut handoffs = Vec::new();
-    let mut same = 0;
-    for w in grants.windows(2) {
-        if w[1].task == w[0].task {
-            same += 1;
-        } else {
-            handoffs.push(w[1].got.saturating_duration_since(w[0].freed));
-        }
-    }
-    let longest = grants
-        .iter()
-        .map(|g| g.got - g.asked)
-        .max()
-        .unwrap_or_default();
-    let pairs = grants.len().saturating_sub(1).max(1);
+fn contention_row(name: &str, grants: Vec<Grant>) -> Vec<String> {
+    let c = Contention::of(grants);
     vec![
         name.to_owned(),
-        grants.len().to_string(),
-        ms(Summary::of(handoffs).p50),
-        ms(longest),
-        format!("{:.0}%", 100.0 * same as f64 / pairs as f64),
+        c.grants.to_string(),
+        ms(c.handoff_p50.unwrap_or_default()),
+        ms(c.longest_wait.unwrap_or_default()),
+        format!("{:.0}%", c.straight_back_pct),
     ]
 }
 
@@ -489,25 +465,16 @@ async fn contention(p: Params, rt: &str, out: &mut Outcome) -> Result<(), BoxErr
                 let (url, key) = (redis_url.clone(), key.clone());
                 async move {
                     let rs = rslock::LockManager::new(vec![url]);
-                    let mut grants = Vec::new();
-                    while Instant::now() < end {
-                        let asked = Instant::now();
+                    harness::grants_until(task, end, || async {
                         let guard = rs
                             .acquire(key.as_bytes(), TTL)
                             .await
                             .map_err(|e| format!("rslock: {e:?}"))?;
-                        let got = Instant::now();
-                        tokio::time::sleep(HOLD).await;
-                        let freed = Instant::now();
+                        let held = harness::held_for(HOLD).await;
                         guard.release().await;
-                        grants.push(Grant {
-                            task,
-                            asked,
-                            got,
-                            freed,
-                        });
-                    }
-                    Ok(grants)
+                        Ok::<_, BoxError>(held)
+                    })
+                    .await
                 }
             })
             .await?;
@@ -525,22 +492,13 @@ async fn contention(p: Params, rt: &str, out: &mut Outcome) -> Result<(), BoxErr
                 tokio::spawn(conn);
                 let lock = client.prepare("SELECT pg_advisory_lock($1)").await?;
                 let unlock = client.prepare("SELECT pg_advisory_unlock($1)").await?;
-                let mut grants = Vec::new();
-                while Instant::now() < end {
-                    let asked = Instant::now();
+                harness::grants_until(task, end, || async {
                     client.execute(&lock, &[&lock_id]).await?;
-                    let got = Instant::now();
-                    tokio::time::sleep(HOLD).await;
-                    let freed = Instant::now();
+                    let held = harness::held_for(HOLD).await;
                     client.execute(&unlock, &[&lock_id]).await?;
-                    grants.push(Grant {
-                        task,
-                        asked,
-                        got,
-                        freed,
-                    });
-                }
-                Ok(grants)
+                    Ok::<_, BoxError>(held)
+                })
+                .await
             }
         })
         .await?;
@@ -559,22 +517,13 @@ fn rand_id() -> i64 {
 }
 
 async fn ours_loop(l: Locker, task: usize, end: Instant) -> Result<Vec<Grant>, BoxError> {
-    let mut grants = Vec::new();
-    while Instant::now() < end {
-        let asked = Instant::now();
+    harness::grants_until(task, end, || async {
         let lease = l.acquire("hot", Duration::from_secs(60)).await?;
-        let got = Instant::now();
-        tokio::time::sleep(HOLD).await;
-        let freed = Instant::now();
+        let held = harness::held_for(HOLD).await;
         lease.release().await?;
-        grants.push(Grant {
-            task,
-            asked,
-            got,
-            freed,
-        });
-    }
-    Ok(grants)
+        Ok::<_, BoxError>(held)
+    })
+    .await
 }
 
 /// The scenario names `--scenarios` accepts.

@@ -35,9 +35,9 @@ use leasehold_test_support::services::{self, Service};
 use tokio::time::Instant;
 
 use crate::Cli;
-use crate::harness::{BoxError, runtime, runtimes};
+use crate::harness::{BoxError, grants_until, runtime, runtimes};
 use crate::report::Table;
-use crate::stats::{Summary, ms};
+use crate::stats::{Contention, Grant, Summary, ms};
 use subject::{Client, Count, Kind, MakeClient, Ours, Subject};
 
 /// What one run of `leasehold-bench perf` measures.
@@ -830,15 +830,6 @@ async fn run_tasks(
     Ok(total)
 }
 
-/// One grant in the contention scenario.
-#[derive(Debug, Clone, Copy)]
-struct Grant {
-    task: usize,
-    asked: Instant,
-    got: Instant,
-    freed: Instant,
-}
-
 /// The contention scenario: `p.clients` clients, each its own, on one key.
 async fn contention_scenario(p: &Params, rt: &str, g: &Group) -> Vec<Row> {
     let mut rows: Vec<Row> = g
@@ -865,19 +856,10 @@ async fn contention_scenario(p: &Params, rt: &str, g: &Group) -> Vec<Row> {
                 .map(|(task, client)| {
                     let (client, key) = (Arc::clone(client), key.clone());
                     tokio::spawn(async move {
-                        let mut grants = Vec::new();
-                        while Instant::now() < end {
-                            let asked = Instant::now();
-                            let (got, freed) =
-                                timed(client.hold(&key, WAIT, HOLD), WAIT + CYCLE_TIMEOUT).await?;
-                            grants.push(Grant {
-                                task,
-                                asked,
-                                got,
-                                freed,
-                            });
-                        }
-                        Ok::<_, String>(grants)
+                        grants_until(task, end, || {
+                            timed(client.hold(&key, WAIT, HOLD), WAIT + CYCLE_TIMEOUT)
+                        })
+                        .await
                     })
                 })
                 .collect();
@@ -899,32 +881,18 @@ async fn contention_scenario(p: &Params, rt: &str, g: &Group) -> Vec<Row> {
     rows
 }
 
-fn fill_contention(r: &mut Row, mut grants: Vec<Grant>) {
-    grants.sort_by_key(|g| g.got);
-    let mut handoffs = Vec::new();
-    let mut same = 0;
-    for w in grants.windows(2) {
-        if w[1].got < w[0].freed {
-            r.error = Some(format!(
-                "two holders at once: task {} was granted {:?} before task {} released",
-                w[1].task,
-                w[0].freed - w[1].got,
-                w[0].task
-            ));
-        }
-        if w[1].task == w[0].task {
-            same += 1;
-        } else {
-            handoffs.push(w[1].got.saturating_duration_since(w[0].freed));
-        }
+fn fill_contention(r: &mut Row, grants: Vec<Grant>) {
+    let c = Contention::of(grants);
+    if c.overlap.is_some() {
+        r.error = c.overlap;
     }
-    r.grants = Some(grants.len());
-    r.cycles = grants.len();
-    r.longest_wait = grants.iter().map(|g| g.got - g.asked).max();
-    if !handoffs.is_empty() {
-        r.handoff_p50 = Some(Summary::of(handoffs).p50);
+    r.grants = Some(c.grants);
+    r.cycles = c.grants;
+    r.longest_wait = c.longest_wait;
+    if c.handoff_p50.is_some() {
+        r.handoff_p50 = c.handoff_p50;
     }
-    r.straight_back = Some(100.0 * same as f64 / grants.len().saturating_sub(1).max(1) as f64);
+    r.straight_back = Some(c.straight_back_pct);
 }
 
 /// Every chosen group on the current runtime.

@@ -8,7 +8,7 @@ use sqlx::postgres::{PgAdvisoryLock, PgPool, PgPoolOptions};
 use tokio::time::Instant;
 
 use super::subject::{BoxFut, Client, TTL};
-use crate::harness::BoxError;
+use crate::harness::{BoxError, held_for};
 
 /// Connections in each peer's PostgreSQL pool (sqlx's default).
 pub(crate) const POOL: u32 = 10;
@@ -58,13 +58,23 @@ impl Client for Rslock {
                 .await
                 .map_err(|_| "rslock: not granted within the wait budget")?
                 .map_err(|e| format!("rslock: {e:?}"))?;
-            let got = Instant::now();
-            tokio::time::sleep(hold).await;
-            let freed = Instant::now();
+            let (got, freed) = held_for(hold).await;
             guard.release().await;
             Ok((got, freed))
         })
     }
+}
+
+/// One try-acquire + release of lock `name` through a distributed-lock provider (`what` names
+/// the crate in errors).
+async fn dl_cycle<P: LockProvider>(provider: &P, name: String, what: &str) -> Result<(), BoxError> {
+    let lock = provider.create_lock(&name);
+    let handle = lock
+        .try_acquire()
+        .await
+        .map_err(|e| err(what, e))?
+        .ok_or("an uncontended key was not granted")?;
+    handle.release().await.map_err(|e| err(what, e))
 }
 
 /// distributed-lock-redis's provider over one or more nodes (its keys:
@@ -88,18 +98,11 @@ impl DlRedis {
 
 impl Client for DlRedis {
     fn cycle<'a>(&'a self, key: &'a str) -> BoxFut<'a, Result<(), BoxError>> {
-        Box::pin(async move {
-            let lock = self.provider.create_lock(&format!("{}{key}", self.prefix));
-            let handle = lock
-                .try_acquire()
-                .await
-                .map_err(|e| err("distributed-lock-redis", e))?
-                .ok_or("an uncontended key was not granted")?;
-            handle
-                .release()
-                .await
-                .map_err(|e| err("distributed-lock-redis", e))
-        })
+        Box::pin(dl_cycle(
+            &self.provider,
+            format!("{}{key}", self.prefix),
+            "distributed-lock-redis",
+        ))
     }
 
     fn hold<'a>(
@@ -124,9 +127,7 @@ impl Client for DlRedis {
                     err("distributed-lock-redis", e)
                 }
             })?;
-            let got = Instant::now();
-            tokio::time::sleep(hold).await;
-            let freed = Instant::now();
+            let (got, freed) = held_for(hold).await;
             handle
                 .release()
                 .await
@@ -154,18 +155,11 @@ impl DlPostgres {
 
 impl Client for DlPostgres {
     fn cycle<'a>(&'a self, key: &'a str) -> BoxFut<'a, Result<(), BoxError>> {
-        Box::pin(async move {
-            let lock = self.provider.create_lock(&format!("{}{key}", self.prefix));
-            let handle = lock
-                .try_acquire()
-                .await
-                .map_err(|e| err("distributed-lock-postgres", e))?
-                .ok_or("an uncontended key was not granted")?;
-            handle
-                .release()
-                .await
-                .map_err(|e| err("distributed-lock-postgres", e))
-        })
+        Box::pin(dl_cycle(
+            &self.provider,
+            format!("{}{key}", self.prefix),
+            "distributed-lock-postgres",
+        ))
     }
 
     fn hold<'a>(
@@ -180,9 +174,7 @@ impl Client for DlPostgres {
                 .acquire(Some(wait))
                 .await
                 .map_err(|e| err("distributed-lock-postgres", e))?;
-            let got = Instant::now();
-            tokio::time::sleep(hold).await;
-            let freed = Instant::now();
+            let (got, freed) = held_for(hold).await;
             handle
                 .release()
                 .await
@@ -240,9 +232,7 @@ impl Client for SqlxAdvisory {
             let guard = tokio::time::timeout(wait, lock.acquire(conn))
                 .await
                 .map_err(|_| "sqlx: not granted within the wait budget")??;
-            let got = Instant::now();
-            tokio::time::sleep(hold).await;
-            let freed = Instant::now();
+            let (got, freed) = held_for(hold).await;
             guard.release_now().await?;
             Ok((got, freed))
         })

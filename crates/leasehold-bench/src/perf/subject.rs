@@ -17,7 +17,7 @@ use leasehold_postgres::advisory_key;
 use redis::aio::MultiplexedConnection;
 use tokio::time::Instant;
 
-use crate::harness::BoxError;
+use crate::harness::{BoxError, held_for};
 
 /// A boxed, sendable future.
 pub(crate) type BoxFut<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -38,6 +38,37 @@ pub(crate) trait Client: Send + Sync {
         wait: Duration,
         hold: Duration,
     ) -> BoxFut<'a, Result<(Instant, Instant), BoxError>>;
+}
+
+/// A client with one way to take a lock, [`Client::hold`]; its cycle is a hold of zero
+/// (waiting up to 5 s).
+trait HoldOnly: Send + Sync {
+    /// Waits up to `wait` for `key`, holds it for `hold`, releases it.
+    fn lock_hold_unlock<'a>(
+        &'a self,
+        key: &'a str,
+        wait: Duration,
+        hold: Duration,
+    ) -> impl Future<Output = Result<(Instant, Instant), BoxError>> + Send + 'a;
+}
+
+impl<T: HoldOnly> Client for T {
+    fn cycle<'a>(&'a self, key: &'a str) -> BoxFut<'a, Result<(), BoxError>> {
+        Box::pin(async move {
+            self.lock_hold_unlock(key, Duration::from_secs(5), Duration::ZERO)
+                .await?;
+            Ok(())
+        })
+    }
+
+    fn hold<'a>(
+        &'a self,
+        key: &'a str,
+        wait: Duration,
+        hold: Duration,
+    ) -> BoxFut<'a, Result<(Instant, Instant), BoxError>> {
+        Box::pin(self.lock_hold_unlock(key, wait, hold))
+    }
 }
 
 /// Which side of a comparison a subject is on.
@@ -249,9 +280,7 @@ impl Client for Ours {
     ) -> BoxFut<'a, Result<(Instant, Instant), BoxError>> {
         Box::pin(async move {
             let lease = self.0.acquire(key, wait).await?;
-            let got = Instant::now();
-            tokio::time::sleep(hold).await;
-            let freed = Instant::now();
+            let (got, freed) = held_for(hold).await;
             if !lease.release().await? {
                 return Err("release reported the lease not held".into());
             }
@@ -373,9 +402,7 @@ impl Client for RawRedis {
                 }
                 tokio::time::sleep(Duration::from_millis(1)).await;
             }
-            let got = Instant::now();
-            tokio::time::sleep(hold).await;
-            let freed = Instant::now();
+            let (got, freed) = held_for(hold).await;
             self.release(&key, &owner).await;
             Ok((got, freed))
         })
@@ -473,9 +500,7 @@ impl Client for RawPg {
                 .batch_execute(&format!("SET lock_timeout = {}", wait.as_millis().max(1)))
                 .await?;
             self.client.execute(&self.lock, &[&id]).await?;
-            let got = Instant::now();
-            tokio::time::sleep(hold).await;
-            let freed = Instant::now();
+            let (got, freed) = held_for(hold).await;
             self.unlock(id).await?;
             Ok((got, freed))
         })
@@ -522,11 +547,7 @@ impl RawEtcd {
         )
         .await
         .map_err(|_| "not granted within the wait budget")??;
-        let got = Instant::now();
-        if !hold.is_zero() {
-            tokio::time::sleep(hold).await;
-        }
-        let freed = Instant::now();
+        let (got, freed) = held_for(hold).await;
         lock.unlock(held.key().to_vec()).await?;
         Ok((got, freed))
     }
@@ -543,22 +564,14 @@ impl Drop for RawEtcd {
     }
 }
 
-impl Client for RawEtcd {
-    fn cycle<'a>(&'a self, key: &'a str) -> BoxFut<'a, Result<(), BoxError>> {
-        Box::pin(async move {
-            self.lock_unlock(key, Duration::from_secs(5), Duration::ZERO)
-                .await?;
-            Ok(())
-        })
-    }
-
-    fn hold<'a>(
+impl HoldOnly for RawEtcd {
+    fn lock_hold_unlock<'a>(
         &'a self,
         key: &'a str,
         wait: Duration,
         hold: Duration,
-    ) -> BoxFut<'a, Result<(Instant, Instant), BoxError>> {
-        Box::pin(self.lock_unlock(key, wait, hold))
+    ) -> impl Future<Output = Result<(Instant, Instant), BoxError>> + Send + 'a {
+        self.lock_unlock(key, wait, hold)
     }
 }
 
@@ -617,32 +630,20 @@ impl EtcdLeasePerLock {
                 return Err("not granted within the wait budget".into());
             }
         };
-        let got = Instant::now();
-        if !hold.is_zero() {
-            tokio::time::sleep(hold).await;
-        }
-        let freed = Instant::now();
+        let (got, freed) = held_for(hold).await;
         lock.unlock(held.key().to_vec()).await?;
         leases.revoke(id).await?;
         Ok((got, freed))
     }
 }
 
-impl Client for EtcdLeasePerLock {
-    fn cycle<'a>(&'a self, key: &'a str) -> BoxFut<'a, Result<(), BoxError>> {
-        Box::pin(async move {
-            self.run(key, Duration::from_secs(5), Duration::ZERO)
-                .await?;
-            Ok(())
-        })
-    }
-
-    fn hold<'a>(
+impl HoldOnly for EtcdLeasePerLock {
+    fn lock_hold_unlock<'a>(
         &'a self,
         key: &'a str,
         wait: Duration,
         hold: Duration,
-    ) -> BoxFut<'a, Result<(Instant, Instant), BoxError>> {
-        Box::pin(self.run(key, wait, hold))
+    ) -> impl Future<Output = Result<(Instant, Instant), BoxError>> + Send + 'a {
+        self.run(key, wait, hold)
     }
 }
