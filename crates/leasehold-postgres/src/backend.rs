@@ -42,7 +42,8 @@ pub struct PostgresBackend {
 struct Shared {
     cfg: PostgresConfig,
     seq_sql: String,
-    idle: Mutex<Vec<Session>>,
+    /// Idle sessions with the instant each was returned, oldest first (reused from the end).
+    idle: Mutex<Vec<(Session, Instant)>>,
     sequence_ready: OnceCell<()>,
     gates: Arc<Gates>,
     opened: AtomicU64,
@@ -61,7 +62,7 @@ impl fmt::Debug for PostgresBackend {
 }
 
 impl Shared {
-    fn idle(&self) -> MutexGuard<'_, Vec<Session>> {
+    fn idle(&self) -> MutexGuard<'_, Vec<(Session, Instant)>> {
         self.idle.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -73,7 +74,7 @@ impl Shared {
     async fn checkout(&self, allow_idle: bool) -> Result<Session, Error> {
         if allow_idle {
             loop {
-                let Some(mut s) = self.idle().pop() else {
+                let Some((mut s, _)) = self.idle().pop() else {
                     break;
                 };
                 if !s.is_closed() {
@@ -88,15 +89,23 @@ impl Shared {
         Ok(s)
     }
 
-    /// Returns a session that holds no lock to the idle pool (or closes it).
+    /// Returns a session that holds no lock to the idle pool, and closes the idle sessions
+    /// that went unused for the idle timeout or exceed `max_idle_sessions` (oldest first).
     fn checkin(&self, s: Session) {
-        if s.is_closed() {
-            return;
-        }
-        let mut idle = self.idle();
-        if idle.len() < self.cfg.max_idle_sessions {
-            idle.push(s);
-        }
+        let now = Instant::now();
+        let closing: Vec<(Session, Instant)> = {
+            let mut idle = self.idle();
+            if !s.is_closed() {
+                idle.push((s, now));
+            }
+            let stale = idle
+                .iter()
+                .take_while(|(_, since)| now.duration_since(*since) > self.cfg.idle_timeout)
+                .count();
+            let excess = idle.len().saturating_sub(self.cfg.max_idle_sessions);
+            idle.drain(..stale.max(excess)).collect()
+        };
+        drop(closing); // outside the lock: dropping a session closes its connection
     }
 
     fn window(&self) -> Duration {

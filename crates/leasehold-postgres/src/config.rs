@@ -20,7 +20,9 @@ pub const DEFAULT_HEALTH_INTERVAL: Duration = Duration::from_millis(250);
 /// Default time a health check may take before the session counts as lost.
 pub const DEFAULT_HEALTH_TIMEOUT: Duration = Duration::from_millis(500);
 /// Default number of idle sessions kept for reuse.
-pub const DEFAULT_MAX_IDLE_SESSIONS: usize = 8;
+pub const DEFAULT_MAX_IDLE_SESSIONS: usize = 64;
+/// Default time an idle session is kept before it is closed.
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Default schema of the fencing sequence.
 pub const DEFAULT_FENCE_SCHEMA: &str = "public";
 /// Default name of the fencing sequence.
@@ -40,6 +42,7 @@ const OWN_PARAMS: &[&str] = &[
     "health_interval_ms",
     "health_timeout_ms",
     "max_idle_sessions",
+    "idle_timeout_ms",
     "sslmode",
     "sslrootcert",
 ];
@@ -66,7 +69,8 @@ const OWN_PARAMS: &[&str] = &[
 /// | `fence_sequence` | `leasehold_fence` | name of the fencing sequence (created if missing) |
 /// | `health_interval_ms` | 250 | period of the health check on each lock session |
 /// | `health_timeout_ms` | 500 | how long one health check may take |
-/// | `max_idle_sessions` | 8 | idle sessions kept for reuse (0: connect per acquire) |
+/// | `max_idle_sessions` | 64 | idle sessions kept for reuse (0: connect per acquire) |
+/// | `idle_timeout_ms` | 60000 | an idle session unused for this long is closed (at the next release) |
 /// | `sslmode` | `prefer` | see *TLS* below |
 /// | `sslrootcert` | system roots | PEM file of the CA certificate(s) to trust; `system`: the operating system's store |
 ///
@@ -108,6 +112,7 @@ pub struct PostgresConfig {
     pub(crate) health_interval: Duration,
     pub(crate) health_timeout: Duration,
     pub(crate) max_idle_sessions: usize,
+    pub(crate) idle_timeout: Duration,
 }
 
 impl fmt::Debug for PostgresConfig {
@@ -121,6 +126,7 @@ impl fmt::Debug for PostgresConfig {
             .field("health_interval", &self.health_interval)
             .field("health_timeout", &self.health_timeout)
             .field("max_idle_sessions", &self.max_idle_sessions)
+            .field("idle_timeout", &self.idle_timeout)
             .field("sslmode", &self.tls_mode.as_str())
             .field("roots", &self.roots)
             .finish()
@@ -234,6 +240,7 @@ impl PostgresConfig {
             health_interval: DEFAULT_HEALTH_INTERVAL,
             health_timeout: DEFAULT_HEALTH_TIMEOUT,
             max_idle_sessions: DEFAULT_MAX_IDLE_SESSIONS,
+            idle_timeout: DEFAULT_IDLE_TIMEOUT,
         }
     }
 
@@ -256,6 +263,7 @@ impl PostgresConfig {
                     .parse()
                     .map_err(|_| invalid("max_idle_sessions must be a non-negative integer"))?;
             }
+            "idle_timeout_ms" => self.idle_timeout = millis(value)?,
             "sslmode" => self.tls_mode = TlsMode::parse(value)?,
             "sslrootcert" if value == "system" => self.roots = Roots::System,
             "sslrootcert" if value.is_empty() => {
@@ -327,8 +335,20 @@ impl PostgresConfig {
     }
 
     /// Sets how many idle sessions are kept for reuse (0 connects for every acquisition).
+    ///
+    /// A session holds one lock at a time, so `n` concurrent holders need `n` sessions; keeping
+    /// as many idle spares as the usual peak of concurrent holders saves a connection setup per
+    /// acquisition. Idle sessions unused for the [idle timeout](Self::with_idle_timeout) are
+    /// closed.
     pub fn with_max_idle_sessions(mut self, n: usize) -> Self {
         self.max_idle_sessions = n;
+        self
+    }
+
+    /// Sets how long an idle session is kept: a session not used for `timeout` is closed when a
+    /// session is next returned to the pool, so the pool shrinks back after a burst.
+    pub fn with_idle_timeout(mut self, timeout: Duration) -> Self {
+        self.idle_timeout = timeout;
         self
     }
 
@@ -517,13 +537,14 @@ mod tests {
     #[test]
     fn url_with_own_params() -> Result<(), Error> {
         let c = PostgresConfig::from_url(
-            "postgresql://app:s3cr%40t@db.example:6543/locks?application_name=x&prefix=svc%2F&health_interval_ms=100&health_timeout_ms=300&fence_schema=lh&fence_sequence=seq&max_idle_sessions=0",
+            "postgresql://app:s3cr%40t@db.example:6543/locks?application_name=x&prefix=svc%2F&health_interval_ms=100&health_timeout_ms=300&fence_schema=lh&fence_sequence=seq&max_idle_sessions=0&idle_timeout_ms=1500",
         )?;
         assert_eq!(c.prefix, "svc/");
         assert_eq!(c.health_interval, Duration::from_millis(100));
         assert_eq!(c.validity_window(), Duration::from_millis(400));
         assert_eq!(c.fence_sequence_sql(), "\"lh\".\"seq\"");
         assert_eq!(c.max_idle_sessions, 0);
+        assert_eq!(c.idle_timeout, Duration::from_millis(1500));
         assert_eq!(c.pg.get_user(), Some("app"));
         assert_eq!(c.pg.get_password(), Some(&b"s3cr@t"[..]));
         assert_eq!(c.pg.get_dbname(), Some("locks"));

@@ -8,9 +8,11 @@
 //!
 //! - **Its own sessions.** Every held lease has a connection of its own, opened and owned by
 //!   the backend and never handed to an application pool while it holds a lock. Two tasks of
-//!   one process therefore never "hold" a key through one session. A small pool keeps *idle*
+//!   one process therefore never "hold" a key through one session. A pool keeps *idle*
 //!   sessions (holding no lock) for reuse, so an acquisition normally costs one round trip,
-//!   not a connect.
+//!   not a connect: up to `max_idle_sessions` (64), each closed once unused for
+//!   `idle_timeout_ms` (60 s), so the pool follows the peak of concurrent holders and shrinks
+//!   back after it.
 //! - **In-process queue.** Local contenders for one key queue in the process (first come,
 //!   first served) and only the head of the queue talks to the server: 32 local waiters use
 //!   one session, not 32.
@@ -169,7 +171,7 @@ mod xact;
 pub use backend::PostgresBackend;
 pub use config::{
     DEFAULT_FENCE_SCHEMA, DEFAULT_FENCE_SEQUENCE, DEFAULT_HEALTH_INTERVAL, DEFAULT_HEALTH_TIMEOUT,
-    DEFAULT_MAX_IDLE_SESSIONS, PostgresConfig, SCHEMES,
+    DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_IDLE_SESSIONS, PostgresConfig, SCHEMES,
 };
 pub use key::{NUMERIC_KEY_PREFIX, advisory_key, numeric_key, pg_locks_ids};
 
