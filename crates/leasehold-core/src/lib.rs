@@ -45,7 +45,7 @@ pub use caps::{Capabilities, DEFAULT_MAX_TTL, FencingKind, RenewalKind, SafetyCl
 pub use error::{Error, ErrorKind, NodeError};
 pub use file::{FileBackend, FileConfig};
 pub use key::{IntoLockKey, KeyError, LockKey, MAX_KEY_LEN};
-pub use lease::{Lease, LeaseInfo, LeaseMonitor, LossReason, LostSignal};
+pub use lease::{Lease, LeaseInfo, LeaseMonitor, LossReason, LostSignal, settle};
 pub use locker::Locker;
 pub use memory::MemoryBackend;
 pub use policy::{Backoff, Drift, LockOptions, Renewal};
