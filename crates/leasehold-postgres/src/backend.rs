@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
@@ -47,6 +47,8 @@ struct Shared {
     sequence_ready: OnceCell<()>,
     gates: Arc<Gates>,
     opened: AtomicU64,
+    /// Whether the idle-session reaper runs (see [`Shared::start_reaper`]).
+    reaper_started: AtomicBool,
     /// Advisory-lock ids of recently used keys (see [`PostgresBackend::lock_id`]).
     ids: Mutex<HashMap<LockKey, i64>>,
 }
@@ -91,13 +93,20 @@ impl Shared {
 
     /// Returns a session that holds no lock to the idle pool, and closes the idle sessions
     /// that went unused for the idle timeout or exceed `max_idle_sessions` (oldest first).
-    fn checkin(&self, s: Session) {
+    fn checkin(self: &Arc<Self>, s: Session) {
+        if !s.is_closed() {
+            self.idle().push((s, Instant::now()));
+            self.start_reaper();
+        }
+        self.prune();
+    }
+
+    /// Closes the idle sessions unused for the idle timeout, and the oldest ones beyond
+    /// `max_idle_sessions`.
+    fn prune(&self) {
         let now = Instant::now();
         let closing: Vec<(Session, Instant)> = {
             let mut idle = self.idle();
-            if !s.is_closed() {
-                idle.push((s, now));
-            }
             let stale = idle
                 .iter()
                 .take_while(|(_, since)| now.duration_since(*since) > self.cfg.idle_timeout)
@@ -106,6 +115,30 @@ impl Shared {
             idle.drain(..stale.max(excess)).collect()
         };
         drop(closing); // outside the lock: dropping a session closes its connection
+    }
+
+    /// Starts, once per backend, the task that closes idle sessions past the idle timeout
+    /// when no release comes to do it (the pool shrinks back after a burst even if the
+    /// application goes quiet). It ends when the backend is dropped.
+    fn start_reaper(self: &Arc<Self>) {
+        if self.reaper_started.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            self.reaper_started.store(false, Ordering::Release);
+            return;
+        };
+        let shared = Arc::downgrade(self);
+        let every = (self.cfg.idle_timeout / 2).max(Duration::from_millis(100));
+        drop(rt.spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                let Some(shared) = shared.upgrade() else {
+                    return;
+                };
+                shared.prune();
+            }
+        }));
     }
 
     fn window(&self) -> Duration {
@@ -125,6 +158,7 @@ impl PostgresBackend {
                 sequence_ready: OnceCell::new(),
                 gates: Arc::new(Gates::default()),
                 opened: AtomicU64::new(0),
+                reaper_started: AtomicBool::new(false),
                 ids: Mutex::new(HashMap::new()),
             }),
         }
@@ -246,7 +280,20 @@ impl PostgresBackend {
                 monitor: monitor.clone(),
             });
         }
+        let closed = session.is_closed();
         *lock(&inner.session) = Some(session);
+        // The watcher reports a closed connection once and then ends: if the connection closed
+        // before the grant was put on it (terminated right after the lock statement), nobody
+        // else would report this loss. Whichever side takes the grant out of the slot reports.
+        if closed {
+            let watched = lock(&inner.session)
+                .as_ref()
+                .and_then(|s| s.watcher.as_ref())
+                .and_then(|w| w.take(&inner));
+            if let Some(watched) = watched {
+                watched.lose(CONNECTION_ENDED.to_owned());
+            }
+        }
         Grant::new(Validity::new(from, self.shared.window()))
             .with_fencing(token)
             .with_state(PgGrant(inner))
@@ -408,6 +455,19 @@ impl Watcher {
     fn unwatch(&self) {
         drop(lock(&self.slot).take());
     }
+
+    /// Takes `grant` out of the slot if it is still the one watched.
+    fn take(&self, grant: &Arc<GrantInner>) -> Option<Watched> {
+        let mut slot = lock(&self.slot);
+        if slot
+            .as_ref()
+            .is_some_and(|w| std::ptr::eq(w.grant.as_ptr(), Arc::as_ptr(grant)))
+        {
+            slot.take()
+        } else {
+            None
+        }
+    }
 }
 
 impl Drop for Watcher {
@@ -415,6 +475,10 @@ impl Drop for Watcher {
         self.task.abort();
     }
 }
+
+/// Why a grant is lost when its session's connection ends.
+const CONNECTION_ENDED: &str =
+    "the lock session's connection ended (server restart, pg_terminate_backend, network failure)";
 
 /// The loop of a [`Watcher`]. A grant is first checked within one `interval` of being put on
 /// the session (its validity, counted from the statement that took the lock, lasts
@@ -435,8 +499,7 @@ async fn watch_session(
             _ = closed.wait_for(|c| *c) => {
                 let watched = lock(&slot).take();
                 if let Some(w) = watched {
-                    w.lose("the lock session's connection ended (server restart, \
-                            pg_terminate_backend, network failure)".to_owned());
+                    w.lose(CONNECTION_ENDED.to_owned());
                 }
                 return;
             }

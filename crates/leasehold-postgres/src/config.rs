@@ -70,7 +70,7 @@ const OWN_PARAMS: &[&str] = &[
 /// | `health_interval_ms` | 250 | period of the health check on each lock session |
 /// | `health_timeout_ms` | 500 | how long one health check may take |
 /// | `max_idle_sessions` | 64 | idle sessions kept for reuse (0: connect per acquire) |
-/// | `idle_timeout_ms` | 60000 | an idle session unused for this long is closed (at the next release) |
+/// | `idle_timeout_ms` | 60000 | an idle session unused for this long is closed |
 /// | `sslmode` | `prefer` | see *TLS* below |
 /// | `sslrootcert` | system roots | PEM file of the CA certificate(s) to trust; `system`: the operating system's store |
 ///
@@ -345,8 +345,9 @@ impl PostgresConfig {
         self
     }
 
-    /// Sets how long an idle session is kept: a session not used for `timeout` is closed when a
-    /// session is next returned to the pool, so the pool shrinks back after a burst.
+    /// Sets how long an idle session is kept: a session not used for `timeout` is closed (by a
+    /// task of the backend, or when a session is next returned to the pool), so the pool
+    /// shrinks back after a burst.
     pub fn with_idle_timeout(mut self, timeout: Duration) -> Self {
         self.idle_timeout = timeout;
         self
