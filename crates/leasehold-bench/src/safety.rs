@@ -99,6 +99,30 @@ fn must_not_overlap(backend: &str, fault: &str) -> Option<&'static str> {
     }
 }
 
+/// Cells where the fault must hand the lock to B within the trial (B took it in 10 of 10 runs
+/// of the committed full table): a fault that silently did nothing (a proxy that added no
+/// latency, a restart that never happened, a clock that did not move) shows as no takeover
+/// there, and `--quick` fails. Each comes with what hands the lock over.
+fn must_take_over(backend: &str, fault: &str) -> Option<&'static str> {
+    match (backend, fault) {
+        ("memory" | "redis" | "redlock" | "etcd", "pause") => {
+            Some("the paused holder's lease runs out on the server while it sleeps")
+        }
+        ("redis" | "redlock" | "postgres" | "etcd", "delay") => {
+            Some("the late grant is refused and given back, or runs out")
+        }
+        ("redis" | "redlock", "restart" | "restart-delayed") => {
+            Some("the restarted node comes back empty")
+        }
+        ("redis" | "redlock", "clock-jump") => {
+            Some("the jumped clock expires every key on the node")
+        }
+        ("postgres", "pg-terminate") => Some("the terminated session's advisory lock is freed"),
+        ("etcd", "lease-revoke") => Some("the revoked lease deletes the holder's key"),
+        _ => None,
+    }
+}
+
 /// The tally of one (backend, fault) cell.
 #[derive(Debug, Default, Clone)]
 struct Cell {
@@ -886,6 +910,23 @@ fn render(
                     c.stale_fenced
                 ));
             }
+            if fencing == Some(FencingKind::Monotonic) && c.rightful_rejected > 0 {
+                violations.push(format!(
+                    "{backend} / {fault}: claims monotonic fencing, yet the fenced store \
+                     rejected {} write(s) of the newest holder (its token went back)",
+                    c.rightful_rejected
+                ));
+            }
+            if let Some(why) = must_take_over(backend, fault)
+                && c.runs > 0
+                && c.takeovers == 0
+            {
+                violations.push(format!(
+                    "{backend} / {fault}: B never took the lock in {} run(s), though {why}: \
+                     did the fault strike?",
+                    c.runs
+                ));
+            }
             if let Some(why) = must_not_overlap(backend, fault)
                 && c.overlaps > 0
             {
@@ -937,13 +978,23 @@ mod tests {
                         "invariant on {b}/{fault}, which never runs"
                     );
                 }
+                if must_take_over(b, fault).is_some() {
+                    assert!(
+                        applies(b, fault),
+                        "takeover on {b}/{fault}, which never runs"
+                    );
+                    assert!(
+                        !matches!((b, fault), ("file" | "postgres", "pause")),
+                        "a session-held lock cannot be taken over under a pause"
+                    );
+                }
             }
         }
         assert!(!applies("memory", "delay") && !applies("file", "restart"));
     }
 
     #[test]
-    fn quick_mode_fails_on_a_fenced_stale_write_or_a_forbidden_overlap_only() {
+    fn quick_mode_fails_on_a_fenced_stale_write_a_forbidden_overlap_or_a_fault_that_did_nothing() {
         use leasehold_core::SafetyClass;
         let params = Params {
             runs: 1,
@@ -960,6 +1011,7 @@ mod tests {
         };
         let cell = |fencing, overlaps, stale_fenced| Cell {
             runs: 1,
+            takeovers: 1,
             overlaps,
             stale_plain: overlaps,
             stale_fenced,
@@ -969,7 +1021,22 @@ mod tests {
         let mut cells = BTreeMap::new();
         // Expected: an overlap under a pause; best-effort tokens that went back.
         cells.insert(idx("etcd", "pause"), cell(FencingKind::Monotonic, 1, 0));
-        cells.insert(idx("redis", "restart"), cell(FencingKind::BestEffort, 1, 1));
+        // ... whose rightful holder's writes the fenced store then rejects; a session-held
+        // lock nobody took over under a pause.
+        cells.insert(
+            idx("redis", "restart"),
+            Cell {
+                rightful_rejected: 1,
+                ..cell(FencingKind::BestEffort, 1, 1)
+            },
+        );
+        cells.insert(
+            idx("file", "pause"),
+            Cell {
+                takeovers: 0,
+                ..cell(FencingKind::Monotonic, 0, 0)
+            },
+        );
         let (md, csv, violations) = render(&params, &cells, Duration::ZERO);
         assert!(violations.is_empty(), "{violations:?}");
         assert!(
@@ -987,6 +1054,34 @@ mod tests {
         assert!(violations[0].contains("postgres / pause"), "{violations:?}");
         assert!(
             violations[1].contains("monotonic fencing"),
+            "{violations:?}"
+        );
+        // A fault that did nothing: nobody took the lock where the fault must hand it over.
+        // A monotonic token that went back: the newest holder's write was rejected.
+        cells.clear();
+        cells.insert(
+            idx("etcd", "lease-revoke"),
+            Cell {
+                takeovers: 0,
+                ..cell(FencingKind::Monotonic, 0, 0)
+            },
+        );
+        cells.insert(
+            idx("memory", "pause"),
+            Cell {
+                rightful_rejected: 1,
+                ..cell(FencingKind::Monotonic, 1, 0)
+            },
+        );
+        let (_, _, violations) = render(&params, &cells, Duration::ZERO);
+        assert_eq!(violations.len(), 2, "{violations:?}");
+        assert!(
+            violations[0].contains("memory / pause") && violations[0].contains("went back"),
+            "{violations:?}"
+        );
+        assert!(
+            violations[1].contains("etcd / lease-revoke")
+                && violations[1].contains("never took the lock"),
             "{violations:?}"
         );
     }
