@@ -12,7 +12,10 @@
 //! holder intervals that intersect are an overlap. Every write goes to two stores at once: a
 //! plain one that accepts everything, and a fenced one ([`FencedResource`]) that rejects a token
 //! below the highest it has accepted. A write is *stale* when another holder was granted the
-//! lock after the writer was and before the write.
+//! lock after the writer was and before the write. "After" is grant order, taken from when each
+//! request was sent, not from when its answer came: a grant whose answer is delayed arrives
+//! after a newer holder's, yet it is the older one. (Not from the tokens: a best-effort token
+//! can go back, which is one of the things the table measures.)
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
@@ -29,6 +32,9 @@ use crate::harness::BoxError;
 #[derive(Debug, Clone)]
 struct GrantRec {
     client: &'static str,
+    /// When the request that was granted was sent: the grant order.
+    requested: Instant,
+    /// When its answer came: the start of the holder interval.
     acquired: Instant,
     end: Option<Instant>,
     token: Option<FencingToken>,
@@ -68,10 +74,17 @@ impl Trial {
         self.grants.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn grant(&self, client: &'static str, acquired: Instant, token: Option<FencingToken>) -> usize {
+    fn grant(
+        &self,
+        client: &'static str,
+        requested: Instant,
+        acquired: Instant,
+        token: Option<FencingToken>,
+    ) -> usize {
         let mut g = self.grants();
         g.push(GrantRec {
             client,
+            requested,
             acquired,
             end: None,
             token,
@@ -93,10 +106,12 @@ impl Trial {
             let Some(mine) = g.get(id) else {
                 return false;
             };
+            // Another grant requested after mine (so granted after it) whose answer came
+            // before this write.
             let stale = g
                 .iter()
                 .enumerate()
-                .any(|(i, o)| i != id && o.acquired > mine.acquired && o.acquired <= at);
+                .any(|(i, o)| i != id && o.requested > mine.requested && o.acquired <= at);
             (stale, mine.token)
         };
         let fenced_ok = token.map(|t| self.fenced.write(&self.resource, t).is_ok());
@@ -299,6 +314,7 @@ fn actor(
         while let Some(cmd) = rx.recv().await {
             match cmd {
                 Cmd::Acquire(key, reply) => {
+                    let requested = Instant::now();
                     let outcome = if holding.is_some() {
                         Acquired::Busy
                     } else {
@@ -311,7 +327,12 @@ fn actor(
                                 // Only grants of the trial's resource are watched (not the
                                 // warm-up keys).
                                 let id = (key == trial.resource).then(|| {
-                                    trial.grant(name, Instant::now(), lease.fencing_token())
+                                    trial.grant(
+                                        name,
+                                        requested,
+                                        Instant::now(),
+                                        lease.fencing_token(),
+                                    )
                                 });
                                 let noticed = Arc::new(Mutex::new(None));
                                 let signal = lease.lost();
@@ -399,9 +420,14 @@ mod tests {
     fn a_write_after_a_newer_grant_is_stale_and_only_fencing_stops_it() {
         let t = Trial::new("r");
         let t0 = Instant::now();
-        let a = t.grant("A", t0, token(5));
+        let a = t.grant("A", t0, t0, token(5));
         assert!(!t.write(a), "no newer grant yet");
-        let b = t.grant("B", t0 + Duration::from_millis(1), token(6));
+        let b = t.grant(
+            "B",
+            t0 + Duration::from_millis(1),
+            t0 + Duration::from_millis(1),
+            token(6),
+        );
         std::thread::sleep(Duration::from_millis(2));
         assert!(!t.write(b));
         assert!(t.write(a), "A wrote after B was granted");
@@ -416,9 +442,14 @@ mod tests {
     fn a_token_that_went_back_lets_the_stale_write_through() {
         let t = Trial::new("r");
         let t0 = Instant::now();
-        let a = t.grant("A", t0, token(3));
+        let a = t.grant("A", t0, t0, token(3));
         assert!(!t.write(a));
-        let b = t.grant("B", t0 + Duration::from_millis(1), token(1));
+        let b = t.grant(
+            "B",
+            t0 + Duration::from_millis(1),
+            t0 + Duration::from_millis(1),
+            token(1),
+        );
         std::thread::sleep(Duration::from_millis(2));
         assert!(!t.write(b), "the newest holder's write is not stale");
         assert!(t.write(a));
@@ -433,16 +464,49 @@ mod tests {
     fn intervals_of_different_clients_overlap_only_if_they_intersect() {
         let t = Trial::new("r");
         let t0 = Instant::now();
-        let a = t.grant("A", t0, None);
+        let a = t.grant("A", t0, t0, None);
         t.end(a, t0 + Duration::from_millis(10));
-        let b = t.grant("B", t0 + Duration::from_millis(10), None);
+        let b = t.grant(
+            "B",
+            t0 + Duration::from_millis(10),
+            t0 + Duration::from_millis(10),
+            None,
+        );
         t.end(b, t0 + Duration::from_millis(20));
         assert!(!t.overlapped(), "back to back is not an overlap");
-        let a2 = t.grant("A", t0 + Duration::from_millis(15), None);
+        let a2 = t.grant(
+            "A",
+            t0 + Duration::from_millis(15),
+            t0 + Duration::from_millis(15),
+            None,
+        );
         t.end(a2, t0 + Duration::from_millis(30));
         assert!(t.overlapped());
         // An end is never moved later (a loss noticed first stays the end).
         t.end(a2, t0 + Duration::from_millis(50));
         assert_eq!(t.grants()[a2].end, Some(t0 + Duration::from_millis(30)));
+    }
+
+    #[test]
+    fn a_late_answered_grant_is_ordered_by_when_it_was_requested() {
+        // The delay fault, had the Locker wrongly accepted A's late grant: A's request is sent
+        // first and granted first, but its answer comes after B's.
+        let t = Trial::new("r");
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let a = t.grant("A", t0, t0 + ms(3), token(5));
+        let b = t.grant("B", t0 + ms(1), t0 + ms(2), token(6));
+        std::thread::sleep(ms(5));
+        assert!(!t.write(b), "B is the newest holder");
+        assert!(t.write(a), "A wrote after B, granted after A, was answered");
+        let w = t.writes();
+        assert_eq!(
+            (w.stale_plain, w.stale_fenced, w.rightful_rejected),
+            (1, 0, 0),
+            "answer-time order would count B's write stale and A's rejected write rightful"
+        );
+        // The holder intervals still start at the answers.
+        assert_eq!(t.grants()[a].acquired, t0 + ms(3));
+        assert!(t.overlapped());
     }
 }
