@@ -477,9 +477,27 @@ fn opt<'a, T>(v: &'a Option<T>, what: &str) -> Result<&'a T, BoxError> {
 /// Moves the wall clock of the clock node forward by an hour: every TTL on it runs out.
 fn jump_clock(env: &Env) -> Result<(), BoxError> {
     let file = opt(&env.clock_file, SAFETY_CLOCK_VAR)?;
-    let now: i64 = std::fs::read_to_string(file)?.trim().parse().unwrap_or(0);
-    std::fs::write(file, format!("{}\n", now + 3_600_000))?;
-    Ok(())
+    let now: i64 = std::fs::read_to_string(file)?.trim().parse()?;
+    replace_file(file, format!("{}\n", now + 3_600_000).as_bytes())
+}
+
+/// Writes `contents` to a temporary file beside `file` (with `file`'s permissions) and renames
+/// it over `file`: the clock shim of `scripts/services` reads the file on every clock call, and
+/// a truncate-then-write would let it read an empty file (offset 0: the clock steps back).
+fn replace_file(file: &Path, contents: &[u8]) -> Result<(), BoxError> {
+    let mut name = file
+        .file_name()
+        .ok_or_else(|| format!("{} names no file", file.display()))?
+        .to_os_string();
+    name.push(format!(".tmp{}", std::process::id()));
+    let tmp = file.with_file_name(name);
+    let written = std::fs::write(&tmp, contents)
+        .and_then(|()| std::fs::set_permissions(&tmp, std::fs::metadata(file)?.permissions()))
+        .and_then(|()| std::fs::rename(&tmp, file));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    Ok(written?)
 }
 
 /// The spec of the backend under test for both clients, when they connect alike.
@@ -1084,6 +1102,31 @@ mod tests {
                 && violations[1].contains("never took the lock"),
             "{violations:?}"
         );
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn replacing_a_file_keeps_its_permissions_and_leaves_no_temporary() -> Result<(), BoxError> {
+        use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+        let dir = std::env::temp_dir().join(services::unique_prefix("safety-replace"));
+        std::fs::create_dir_all(&dir)?;
+        let file = dir.join("clock-offset-ms");
+        std::fs::write(&file, "0\n")?;
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600))?;
+        let before = std::fs::metadata(&file)?;
+        replace_file(&file, b"3600000\n")?;
+        let after = std::fs::metadata(&file)?;
+        assert_eq!(std::fs::read_to_string(&file)?, "3600000\n");
+        assert_eq!(after.permissions().mode() & 0o777, 0o600);
+        // A new inode: a reader that opened the old file sees it whole, never truncated.
+        assert_ne!(before.ino(), after.ino());
+        assert_eq!(
+            std::fs::read_dir(&dir)?.count(),
+            1,
+            "a temporary file was left"
+        );
+        std::fs::remove_dir_all(&dir)?;
+        Ok(())
     }
 
     #[test]
