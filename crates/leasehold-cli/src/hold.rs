@@ -30,6 +30,7 @@ use nix::unistd::Pid;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 use tokio::net::UnixListener;
 use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::watch;
 
 use crate::{
     Acquiring, Failed, Target, code, location_of, obtain, shell_quote, shell_unquote, wait_notice,
@@ -75,7 +76,9 @@ pub(crate) struct ReleaseArgs {
 pub(crate) fn runtime_dir() -> PathBuf {
     let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
     if let Some(d) = var(RUNTIME_DIR_VAR) {
-        return PathBuf::from(d);
+        // Absolute: handles name files in it, and `release` may run from another folder.
+        let d = PathBuf::from(d);
+        return std::path::absolute(&d).unwrap_or(d);
     }
     if let Some(d) = var("XDG_RUNTIME_DIR") {
         return PathBuf::from(d).join("leasehold");
@@ -83,7 +86,8 @@ pub(crate) fn runtime_dir() -> PathBuf {
     std::env::temp_dir().join(format!("leasehold-{}", nix::unistd::getuid()))
 }
 
-/// Creates the runtime folder (mode 0700) and checks that it is ours and private.
+/// Creates the runtime folder (mode 0700) and checks that it is a folder (not a symbolic link),
+/// ours and private; refuses it otherwise (a folder others can write to is not fixed silently).
 fn prepare_runtime_dir(dir: &Path) -> io::Result<()> {
     match fs::DirBuilder::new()
         .recursive(true)
@@ -94,15 +98,25 @@ fn prepare_runtime_dir(dir: &Path) -> io::Result<()> {
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
         Err(e) => return Err(e),
     }
-    let meta = fs::metadata(dir)?;
+    let meta = fs::symlink_metadata(dir)?;
+    if !meta.file_type().is_dir() {
+        return Err(io::Error::other(format!(
+            "{} is not a folder (a symbolic link or a file)",
+            dir.display()
+        )));
+    }
     if meta.uid() != nix::unistd::getuid().as_raw() {
         return Err(io::Error::other(format!(
             "{} belongs to another user",
             dir.display()
         )));
     }
-    if meta.permissions().mode() & 0o077 != 0 {
-        fs::set_permissions(dir, fs::Permissions::from_mode(0o700))?;
+    let mode = meta.permissions().mode() & 0o777;
+    if mode & 0o077 != 0 {
+        return Err(io::Error::other(format!(
+            "{} is open to other users (mode {mode:o}; make it 0700)",
+            dir.display()
+        )));
     }
     Ok(())
 }
@@ -174,10 +188,15 @@ impl State {
     fn write(&self, path: &Path) -> io::Result<()> {
         let tmp = path.with_extension("state.tmp");
         {
+            // A stale one (or a symbolic link planted there) goes; `create_new` neither
+            // follows a link nor reuses a file.
+            match fs::remove_file(&tmp) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+                _ => {}
+            }
             let mut f = fs::OpenOptions::new()
                 .write(true)
-                .create(true)
-                .truncate(true)
+                .create_new(true)
                 .mode(0o600)
                 .open(&tmp)?;
             f.write_all(self.render().as_bytes())?;
@@ -266,7 +285,7 @@ pub(crate) fn acquire(args: AcquireArgs) -> u8 {
         None => cmd.env_remove(HOLDER_URL_VAR),
     };
     cmd.env(RUNTIME_DIR_VAR, &dir)
-        .stdin(Stdio::null())
+        .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         // Its own process group: a Ctrl-C meant for the script does not reach it.
@@ -278,7 +297,7 @@ pub(crate) fn acquire(args: AcquireArgs) -> u8 {
             return code::CANNOT_RUN;
         }
     };
-    let Some(stdout) = child.stdout.take() else {
+    let (Some(stdout), Some(mut confirm)) = (child.stdout.take(), child.stdin.take()) else {
         return code::CANNOT_RUN;
     };
     let key = args.target.key.clone();
@@ -333,6 +352,12 @@ pub(crate) fn acquire(args: AcquireArgs) -> u8 {
                         );
                         return code::CANNOT_RUN;
                     }
+                    // The handshake: printed, so the holder may keep the lock. Had we died
+                    // before this line, it would see its stdin closed without `ok` and release.
+                    if let Err(e) = confirm.write_all(b"ok\n").and_then(|()| confirm.flush()) {
+                        eprintln!("leasehold: the holder process is gone ({e})");
+                        return code::CANNOT_RUN;
+                    }
                     return 0;
                 }
                 Some("error") => {
@@ -362,6 +387,64 @@ fn clean_message(s: &str) -> String {
     s.replace(['\n', '\t'], " ")
 }
 
+/// How long the holder waits for `acquire`'s `ok` after reporting `held`.
+const HANDSHAKE: Duration = Duration::from_secs(10);
+
+/// Reads `acquire`'s one line on stdin in a thread of its own (a blocking read that may never
+/// end must not be a runtime task: the runtime would wait for it at exit). `Some(true)` once
+/// it reads `ok`, `Some(false)` on anything else, end of file included.
+fn watch_stdin() -> watch::Receiver<Option<bool>> {
+    let (tx, rx) = watch::channel(None);
+    let spawned = std::thread::Builder::new()
+        .name("handshake".to_owned())
+        .spawn(move || {
+            let mut line = String::new();
+            let ok = io::stdin().lock().read_line(&mut line).is_ok() && line.trim() == "ok";
+            let _ = tx.send(Some(ok));
+        });
+    if spawned.is_err() {
+        // No way to hear `acquire`: treat it as gone rather than hold a lock nobody knows of.
+        let (tx, rx) = watch::channel(Some(false));
+        drop(tx);
+        return rx;
+    }
+    rx
+}
+
+/// Whether `acquire` confirmed with `ok` (waits until it has said something or is gone).
+async fn confirmed(rx: &mut watch::Receiver<Option<bool>>) -> bool {
+    match rx.wait_for(Option::is_some).await {
+        Ok(v) => *v == Some(true),
+        Err(_) => false,
+    }
+}
+
+/// Removes the records of holds of `key` at `location` that were lost, or whose holder died,
+/// more than [`STALE_AFTER`] ago (nobody called `release` for them).
+fn sweep_stale(dir: &Path, key: &str, location: &str, except: &Path) {
+    let now = SystemTime::now();
+    for (path, old) in states(dir) {
+        let old_enough = fs::symlink_metadata(&path)
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| now.duration_since(t).ok())
+            .is_some_and(|age| age > STALE_AFTER);
+        if path != except
+            && old.key == key
+            && old.location == location
+            && old_enough
+            && (old.state == "lost" || !alive(old.pid))
+        {
+            let _ = fs::remove_file(socket_of(&path));
+            let _ = fs::remove_file(&path);
+        }
+    }
+}
+
+/// Records of lost or dead holds nobody released are removed by a later `acquire` of the same
+/// lock after this long.
+const STALE_AFTER: Duration = Duration::from_secs(24 * 3600);
+
 pub(crate) async fn holder(mut args: AcquireArgs) -> u8 {
     if let Some(url) = std::env::var_os(HOLDER_URL_VAR).and_then(|u| u.into_string().ok()) {
         args.target.url = Some(url);
@@ -390,14 +473,23 @@ pub(crate) async fn holder(mut args: AcquireArgs) -> u8 {
         return code::CONFIG;
     }
 
+    let mut ack = watch_stdin();
     let obtained = obtain(&args.target, &args.how, |wait| {
         report(&format!("waiting\t{}", humantime::format_duration(wait)))
     });
-    // Told to stop while still acquiring: give up (an acquisition cut short is cleaned up).
+    // Told to stop while still acquiring, or `acquire` is gone: give up (the acquisition cut
+    // short is cleaned up before the process ends, see main).
+    let gone = async {
+        if confirmed(&mut ack).await {
+            // `ok` before `held` is not the protocol; keep waiting for the lease regardless.
+            std::future::pending::<()>().await;
+        }
+    };
     let obtained = tokio::select! {
         o = obtained => o,
-        _ = term.recv() => Err(Failed { code: 1, message: "stopped by SIGTERM".to_owned() }),
-        _ = int.recv() => Err(Failed { code: 1, message: "stopped by SIGINT".to_owned() }),
+        _ = term.recv() => Err(Failed { code: code::TERMINATED, message: "stopped by SIGTERM".to_owned() }),
+        _ = int.recv() => Err(Failed { code: code::INTERRUPTED, message: "stopped by SIGINT".to_owned() }),
+        () = gone => Err(Failed { code: code::CANNOT_RUN, message: "acquire is gone".to_owned() }),
     };
     let (_locker, lease) = match obtained {
         Ok(v) => v,
@@ -408,7 +500,14 @@ pub(crate) async fn holder(mut args: AcquireArgs) -> u8 {
     };
 
     let pid = std::process::id();
-    let state_path = dir.join(format!("{pid}.state"));
+    let mut state_path = dir.join(format!("{pid}.state"));
+    if state_path.exists() {
+        // A record kept from an earlier holder with the same (reused) pid: do not take it over.
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        state_path = dir.join(format!("{pid}-{nanos}.state"));
+    }
     let sock_path = socket_of(&state_path);
     let _ = fs::remove_file(&sock_path);
     let listener = match UnixListener::bind(&sock_path) {
@@ -455,17 +554,9 @@ pub(crate) async fn holder(mut args: AcquireArgs) -> u8 {
         ));
         return code::CANNOT_RUN;
     }
-    // Records of earlier, lost holds of the same lock are superseded by this one.
-    for (path, old) in states(&dir) {
-        if path != state_path
-            && old.key == state.key
-            && old.location == location
-            && (old.state == "lost" || !alive(old.pid))
-        {
-            let _ = fs::remove_file(socket_of(&path));
-            let _ = fs::remove_file(&path);
-        }
-    }
+    // Records of other holds of this lock stay until their own `release` reads them (a lost
+    // hold's owner must learn of the loss); only those left for more than a day go.
+    sweep_stale(&dir, &state.key, &location, &state_path);
     let token = state.token.clone().unwrap_or_else(|| "-".to_owned());
     if !report(&format!(
         "held\t{}\t{token}\t{pid}\t{}",
@@ -480,18 +571,32 @@ pub(crate) async fn holder(mut args: AcquireArgs) -> u8 {
 
     let lost = lease.lost().wait();
     tokio::pin!(lost);
+    let handshake_until = tokio::time::Instant::now() + HANDSHAKE;
+    let mut is_confirmed = false;
     loop {
         tokio::select! {
             reason = &mut lost => {
-                // Whatever is left (a Redlock minority, say); bounded, the record matters more.
-                let _ = tokio::time::timeout(Duration::from_secs(5), lease.release()).await;
+                // The record first, then the socket: a `release` that finds no socket reads
+                // the state file and reports the loss.
                 state.state = "lost".to_owned();
                 state.lost_reason = Some(clean_message(&reason.to_string()));
-                cleanup(false);
                 if state.write(&state_path).is_err() {
                     cleanup(true);
+                } else {
+                    cleanup(false);
                 }
+                // Whatever is left (a Redlock minority, say); bounded.
+                let _ = tokio::time::timeout(Duration::from_secs(5), lease.release()).await;
                 return code::LOST;
+            }
+            ok = tokio::time::timeout_at(handshake_until, confirmed(&mut ack)), if !is_confirmed => {
+                if matches!(ok, Ok(true)) {
+                    is_confirmed = true;
+                } else {
+                    // `acquire` died before printing the handle: nobody can release this.
+                    let _ = release_and_exit(&lease, &cleanup).await;
+                    return code::CANNOT_RUN;
+                }
             }
             _ = term.recv() => return release_and_exit(&lease, &cleanup).await.1,
             _ = int.recv() => return release_and_exit(&lease, &cleanup).await.1,
@@ -549,13 +654,21 @@ pub(crate) async fn release(args: ReleaseArgs) -> u8 {
                     config: args.config.clone(),
                 })
             });
-            let found: Vec<PathBuf> = states(&dir)
+            let found: Vec<(PathBuf, State)> = states(&dir)
                 .into_iter()
                 .filter(|(_, s)| &s.key == key)
                 .filter(|(_, s)| location.as_ref().is_none_or(|l| &s.location == l))
-                .map(|(p, _)| p)
                 .collect();
-            match found.as_slice() {
+            // A hold that was lost, or whose holder died, is reported (and its record
+            // consumed) before any live holder is touched: its owner is the likelier caller,
+            // and releasing someone else's live lock mid-work is the worse mistake.
+            let (ended, live): (Vec<_>, Vec<_>) = found
+                .into_iter()
+                .partition(|(_, s)| s.state == "lost" || !alive(s.pid));
+            if let Some((path, state)) = ended.into_iter().min_by_key(|(_, s)| s.acquired_at) {
+                return report_ended(&path, &state);
+            }
+            match live.as_slice() {
                 [] => {
                     eprintln!(
                         "leasehold: no holder of {key:?} in {} (was it acquired with another {RUNTIME_DIR_VAR}?)",
@@ -563,12 +676,12 @@ pub(crate) async fn release(args: ReleaseArgs) -> u8 {
                     );
                     return code::FREE;
                 }
-                [one] => one.clone(),
+                [(one, _)] => one.clone(),
                 many => {
                     eprintln!(
-                        "leasehold: several holders of {key:?}; say which with --url, --config or --handle:"
+                        "leasehold: several live holders of {key:?}; say which with --handle (or --url/--config):"
                     );
-                    for p in many {
+                    for (p, _) in many {
                         eprintln!("  {}", p.display());
                     }
                     return code::USAGE;
@@ -583,28 +696,12 @@ pub(crate) async fn release(args: ReleaseArgs) -> u8 {
             }
         },
     };
-    let state = match State::read(&handle) {
+    let state = match read_handle(&handle) {
         Ok(s) => s,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            eprintln!(
-                "leasehold: no holder at {} (already released?)",
-                handle.display()
-            );
-            return code::FREE;
-        }
-        Err(e) => {
-            eprintln!("leasehold: cannot read {}: {e}", handle.display());
-            return code::CONFIG;
-        }
+        Err(c) => return c,
     };
     if state.state == "lost" {
-        eprintln!(
-            "leasehold: the lease on {:?} was lost: {}",
-            state.key,
-            state.lost_reason.as_deref().unwrap_or("no reason recorded")
-        );
-        let _ = fs::remove_file(&handle);
-        return code::LOST;
+        return report_ended(&handle, &state);
     }
     let sock = socket_of(&handle);
     let timeout = args.timeout;
@@ -612,27 +709,19 @@ pub(crate) async fn release(args: ReleaseArgs) -> u8 {
     let answer = match answer {
         Ok(Ok(a)) => a,
         Ok(Err(e)) => {
-            if !handle.exists() {
-                eprintln!(
-                    "leasehold: the holder of {:?} is gone: already released",
-                    state.key
-                );
-                return code::FREE;
-            }
-            if alive(state.pid) {
+            // The holder may have been busy losing the lease: the state file says.
+            let state = match read_handle(&handle) {
+                Ok(s) => s,
+                Err(c) => return c,
+            };
+            if state.state != "lost" && alive(state.pid) {
                 eprintln!(
                     "leasehold: the holder (pid {}) of {:?} does not answer: {e}",
                     state.pid, state.key
                 );
                 return code::UNAVAILABLE;
             }
-            eprintln!(
-                "leasehold: the holder (pid {}) of {:?} is gone without releasing; the lock ends by its TTL or session",
-                state.pid, state.key
-            );
-            let _ = fs::remove_file(socket_of(&handle));
-            let _ = fs::remove_file(&handle);
-            return code::LOST;
+            return report_ended(&handle, &state);
         }
         Err(e) => {
             eprintln!("leasehold: {e}");
@@ -661,6 +750,44 @@ pub(crate) async fn release(args: ReleaseArgs) -> u8 {
             code::UNAVAILABLE
         }
     }
+}
+
+/// Reads a handle; an exit code when it cannot (1 when there is none: already released).
+fn read_handle(handle: &Path) -> Result<State, u8> {
+    match State::read(handle) {
+        Ok(s) => Ok(s),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            eprintln!(
+                "leasehold: no holder at {} (already released?)",
+                handle.display()
+            );
+            Err(code::FREE)
+        }
+        Err(e) => {
+            eprintln!("leasehold: cannot read {}: {e}", handle.display());
+            Err(code::CONFIG)
+        }
+    }
+}
+
+/// Reports a hold that ended without `release` (lost, or its holder died) and consumes its
+/// record: exit 79.
+fn report_ended(handle: &Path, state: &State) -> u8 {
+    if state.state == "lost" {
+        eprintln!(
+            "leasehold: the lease on {:?} was lost: {}",
+            state.key,
+            state.lost_reason.as_deref().unwrap_or("no reason recorded")
+        );
+    } else {
+        eprintln!(
+            "leasehold: the holder (pid {}) of {:?} is gone without releasing; the lock ends by its TTL or session",
+            state.pid, state.key
+        );
+    }
+    let _ = fs::remove_file(socket_of(handle));
+    let _ = fs::remove_file(handle);
+    code::LOST
 }
 
 /// Sends one request to a holder's socket and reads its one-line answer.

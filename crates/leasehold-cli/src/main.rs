@@ -42,13 +42,14 @@
 //! |---|---|
 //! | 0 | success; `status`: the lock is held |
 //! | 1 | `status`: the lock is free; `release`: no holder of that key was found |
-//! | 2 | bad command line (usage) |
+//! | 2 | bad command line (usage); `release --key`: several live holders (use `--handle`) |
 //! | 69 | the backend could not be reached |
 //! | 75 | the lock is held by someone else (`--no-wait`) |
 //! | 78 | configuration error (bad URL, bad config file, bad key, `require` not met) |
 //! | 79 | the lease was lost (`run`: the command was terminated; `release`: it was no longer held) |
 //! | 124 | timed out waiting for the lock (`--wait`) |
 //! | 126 | the command (or the holder process) could not be started; `acquire` could not print |
+//! | 130, 143 | `acquire`, `run`: SIGINT or SIGTERM while waiting for the lock (128 + N) |
 
 mod hold;
 mod run;
@@ -71,10 +72,16 @@ mod code {
     pub(crate) const LOST: u8 = 79;
     pub(crate) const TIMEOUT: u8 = 124;
     pub(crate) const CANNOT_RUN: u8 = 126;
+    /// 128 + SIGINT: interrupted while acquiring (as shells report it).
+    pub(crate) const INTERRUPTED: u8 = 130;
+    /// 128 + SIGTERM: terminated while acquiring.
+    pub(crate) const TERMINATED: u8 = 143;
 }
 
 /// After this long without the lock, say on stderr that we wait (unless `--quiet`).
 const WAIT_NOTICE: Duration = Duration::from_secs(1);
+/// How long the end of `main` waits for background releases ([`leasehold::settle`]).
+const SETTLE: Duration = Duration::from_secs(5);
 
 #[derive(Parser)]
 #[command(
@@ -147,13 +154,20 @@ fn main() -> ExitCode {
         }
     };
     ExitCode::from(rt.block_on(async move {
-        match cli.command {
+        let code = match cli.command {
             Cmd::Run(args) => run::run(args).await,
             Cmd::Acquire(args) => hold::acquire(args),
             Cmd::Release(args) => hold::release(args).await,
             Cmd::Status(args) => status::status(args).await,
             Cmd::Hold(args) => hold::holder(args).await,
+        };
+        // Dropping the runtime cancels the background releases of dropped leases and of
+        // acquisitions cut short (a signal while waiting, "gave up"): let them finish first.
+        // Returns at once when there are none.
+        if !leasehold::settle(SETTLE).await {
+            eprintln!("leasehold: some locks are left to expire by their TTL or session");
         }
+        code
     }))
 }
 
@@ -215,16 +229,41 @@ pub(crate) fn location_of(target: &Target) -> String {
     }
 }
 
-/// `scheme://user:pw@host,host/db?q` → `scheme://host,host/db?q`.
+/// `scheme://user:pw@host,host/db?q&password=x` → `scheme://host,host/db?q`: no user
+/// information, no `password=` query parameter.
 fn strip_userinfo(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_owned();
     };
     let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-    match rest[..authority_end].rfind('@') {
-        Some(at) => format!("{scheme}://{}", &rest[at + 1..]),
-        None => url.to_owned(),
+    let rest = match rest[..authority_end].rfind('@') {
+        Some(at) => &rest[at + 1..],
+        None => rest,
+    };
+    let Some((path, query)) = rest.split_once('?') else {
+        return format!("{scheme}://{rest}");
+    };
+    let (query, fragment) = match query.split_once('#') {
+        Some((q, f)) => (q, Some(f)),
+        None => (query, None),
+    };
+    let kept: Vec<&str> = query
+        .split('&')
+        .filter(|p| {
+            let name = p.split_once('=').map_or(*p, |(n, _)| n);
+            !p.is_empty() && !name.eq_ignore_ascii_case("password")
+        })
+        .collect();
+    let mut out = format!("{scheme}://{path}");
+    if !kept.is_empty() {
+        out.push('?');
+        out.push_str(&kept.join("&"));
     }
+    if let Some(f) = fragment {
+        out.push('#');
+        out.push_str(f);
+    }
+    out
 }
 
 /// Failure of [`obtain`]: an exit code (the message is already printed or reported).
@@ -323,5 +362,13 @@ mod tests {
         );
         assert_eq!(strip_userinfo("etcd://h:1?x=a@b"), "etcd://h:1?x=a@b");
         assert_eq!(strip_userinfo("file:///tmp/x"), "file:///tmp/x");
+        assert_eq!(
+            strip_userinfo("postgres://h/db?password=s3cret"),
+            "postgres://h/db"
+        );
+        assert_eq!(
+            strip_userinfo("postgres://u:a@h/db?sslmode=require&PASSWORD=b&x=1#f"),
+            "postgres://h/db?sslmode=require&x=1#f"
+        );
     }
 }

@@ -5,6 +5,7 @@ use std::time::Duration;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use tokio::process::Command;
+use tokio::signal::unix::{SignalKind, signal};
 
 use crate::{Acquiring, Target, code, obtain, wait_notice};
 
@@ -25,14 +26,34 @@ pub(crate) struct RunArgs {
 pub(crate) async fn run(args: RunArgs) -> u8 {
     let key = args.target.key.clone();
     let quiet = args.how.quiet;
-    let (_locker, lease) = match obtain(&args.target, &args.how, |wait| {
+    // From here on SIGTERM and SIGINT are ours: while acquiring they give up (the acquisition
+    // cut short is cleaned up before exiting, see main), while the command runs they are
+    // passed on to it.
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        eprintln!("leasehold: cannot install signal handlers");
+        return code::CANNOT_RUN;
+    };
+    let obtained = obtain(&args.target, &args.how, |wait| {
         if !quiet {
             eprintln!("{}", wait_notice(&key, wait));
         }
         true
-    })
-    .await
-    {
+    });
+    let obtained = tokio::select! {
+        o = obtained => o,
+        _ = term.recv() => {
+            eprintln!("leasehold: stopped by SIGTERM while acquiring {key:?}");
+            return code::TERMINATED;
+        }
+        _ = int.recv() => {
+            eprintln!("leasehold: stopped by SIGINT while acquiring {key:?}");
+            return code::INTERRUPTED;
+        }
+    };
+    let (_locker, lease) = match obtained {
         Ok(v) => v,
         Err(f) => {
             eprintln!("leasehold: {}", f.message);
@@ -61,22 +82,30 @@ pub(crate) async fn run(args: RunArgs) -> u8 {
         }
     };
 
-    let lost = lease.lost();
-    let status = tokio::select! {
-        status = child.wait() => status,
-        reason = lost.wait() => {
-            eprintln!("leasehold: lease on {key:?} lost ({reason}): stopping the command");
-            if let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) {
-                let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
-            }
-            match tokio::time::timeout(args.grace, child.wait()).await {
-                Ok(_) => {}
-                Err(_) => {
-                    let _ = child.kill().await;
+    let lost = lease.lost().wait();
+    tokio::pin!(lost);
+    let forward = |sig: Signal, child: &tokio::process::Child| {
+        if let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) {
+            let _ = kill(Pid::from_raw(pid), sig);
+        }
+    };
+    let status = loop {
+        tokio::select! {
+            status = child.wait() => break status,
+            _ = term.recv() => forward(Signal::SIGTERM, &child),
+            _ = int.recv() => forward(Signal::SIGINT, &child),
+            reason = &mut lost => {
+                eprintln!("leasehold: lease on {key:?} lost ({reason}): stopping the command");
+                forward(Signal::SIGTERM, &child);
+                match tokio::time::timeout(args.grace, child.wait()).await {
+                    Ok(_) => {}
+                    Err(_) => {
+                        let _ = child.kill().await;
+                    }
                 }
+                let _ = lease.release().await;
+                return code::LOST;
             }
-            let _ = lease.release().await;
-            return code::LOST;
         }
     };
     if let Err(e) = lease.release().await {

@@ -317,7 +317,7 @@ fn flock_try(lock: &std::path::Path) -> Option<i32> {
 }
 
 #[tokio::test]
-async fn a_holder_whose_acquire_was_killed_gives_the_lock_back() {
+async fn a_holder_whose_acquire_was_killed_gives_up_waiting() {
     let rt = folder("cli_hold_orphan");
     let u = url(&rt);
     let first = on_key(&rt, "acquire", "k", &u, &[]).await;
@@ -332,35 +332,319 @@ async fn a_holder_whose_acquire_was_killed_gives_the_lock_back() {
     .stderr(std::process::Stdio::piped())
     .spawn()
     .unwrap();
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let acquire_pid = waiting.id().unwrap();
+    let orphan = eventually_child_of(acquire_pid).await;
     waiting.start_kill().unwrap();
     let _ = waiting.wait().await;
-    // The first gives the lock up; the orphaned holder gets it, cannot report, gives it back.
+    // The orphaned holder sees its stdin closed and gives up without taking the lock.
+    eventually("the orphan gives up", Duration::from_secs(5), || {
+        !alive(orphan)
+    })
+    .await;
     let rel = output(&rt, &["release", "--handle", &first["LEASEHOLD_HANDLE"]]).await;
     assert_eq!(rel.status.code(), Some(0));
-    let t0 = Instant::now();
-    loop {
-        let st = on_key(&rt, "status", "k", &u, &["--json"]).await;
-        let fence = std::fs::read_to_string(rt.join("locks").join("k.fence")).unwrap_or_default();
-        // Token 2 was minted: the orphan did take the lock; now it is free again.
-        if fence.trim() == "2" && st.status.code() == Some(1) {
-            break;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "the orphan keeps the lock: {st:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let leftovers: Vec<_> = std::fs::read_dir(&rt)
+    let st = on_key(&rt, "status", "k", &u, &[]).await;
+    assert_eq!(st.status.code(), Some(1), "free: {st:?}");
+    let fence = std::fs::read_to_string(rt.join("locks").join("k.fence")).unwrap();
+    assert_eq!(fence.trim(), "1", "the orphan never took the lock");
+    assert!(leftovers(&rt).is_empty(), "{:?}", leftovers(&rt));
+    let _ = std::fs::remove_dir_all(&rt);
+}
+
+/// The state files and sockets in a runtime folder.
+fn leftovers(rt: &std::path::Path) -> Vec<std::path::PathBuf> {
+    std::fs::read_dir(rt)
         .unwrap()
         .flatten()
-        .filter(|e| {
-            e.path()
-                .extension()
-                .is_some_and(|x| x == "state" || x == "sock")
-        })
-        .collect();
-    assert!(leftovers.is_empty(), "{leftovers:?}");
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "state" || x == "sock"))
+        .collect()
+}
+
+/// The pid of a child process of `parent` (the holder of an `acquire`), once there is one.
+async fn eventually_child_of(parent: u32) -> u32 {
+    let t0 = Instant::now();
+    loop {
+        for e in std::fs::read_dir("/proc").unwrap().flatten() {
+            let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+                continue;
+            };
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+                continue;
+            };
+            let ppid = stat
+                .rsplit_once(')')
+                .and_then(|(_, r)| r.split_whitespace().nth(1))
+                .and_then(|p| p.parse::<u32>().ok());
+            if ppid == Some(parent) {
+                return pid;
+            }
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "no holder process");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// `leasehold __hold` as `acquire` starts it, with its stdin and stdout ours: the `held` line.
+async fn bare_holder(
+    rt: &std::path::Path,
+    key: &str,
+    u: &str,
+) -> (tokio::process::Child, Vec<String>) {
+    let mut holder = lh(rt, &["__hold", "--key", key])
+        .env("LEASEHOLD_HOLDER_URL", u)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    let mut out = tokio::io::BufReader::new(holder.stdout.take().unwrap());
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        tokio::io::AsyncBufReadExt::read_line(&mut out, &mut line),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let fields: Vec<String> = line.trim().split('\t').map(str::to_owned).collect();
+    assert_eq!(fields[0], "held", "{line:?}");
+    // Keep the pipe open (a closed stdout is another way to tell the holder we are gone).
+    std::mem::forget(out);
+    (holder, fields)
+}
+
+#[tokio::test]
+async fn a_holder_releases_unless_acquire_confirms_it_printed_the_handle() {
+    let rt = folder("cli_hold_handshake");
+    let u = url(&rt);
+    // acquire died after the holder's `held` line, before printing: stdin closes without `ok`.
+    let (mut holder, fields) = bare_holder(&rt, "hs", &u).await;
+    let pid: u32 = fields[3].parse().unwrap();
+    drop(holder.stdin.take());
+    eventually(
+        "the unconfirmed holder exits",
+        Duration::from_secs(5),
+        || !alive(pid),
+    )
+    .await;
+    let st = on_key(&rt, "status", "hs", &u, &[]).await;
+    assert_eq!(st.status.code(), Some(1), "given back: {st:?}");
+    assert!(leftovers(&rt).is_empty(), "{:?}", leftovers(&rt));
+
+    // Confirmed: it stays after its stdin closes, until released.
+    let (mut holder, fields) = bare_holder(&rt, "hs", &u).await;
+    let pid: u32 = fields[3].parse().unwrap();
+    let mut stdin = holder.stdin.take().unwrap();
+    tokio::io::AsyncWriteExt::write_all(&mut stdin, b"ok\n")
+        .await
+        .unwrap();
+    drop(stdin);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(alive(pid), "a confirmed holder stays");
+    let st = on_key(&rt, "status", "hs", &u, &[]).await;
+    assert_eq!(st.status.code(), Some(0), "held: {st:?}");
+    let rel = output(&rt, &["release", "--handle", &fields[4]]).await;
+    assert_eq!(rel.status.code(), Some(0), "{rel:?}");
+    let _ = holder.wait().await;
+    let _ = std::fs::remove_dir_all(&rt);
+}
+
+/// Acquires `key` and has its lease lost (the lock file deleted); the handle, once the holder
+/// has recorded the loss and exited.
+async fn acquire_then_lose(rt: &std::path::Path, key: &str, u: &str) -> String {
+    let out = on_key(rt, "acquire", key, u, &[]).await;
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let ex = exports(&out);
+    let pid = holder_pid(&ex);
+    std::fs::remove_file(rt.join("locks").join(format!("{key}.lock"))).unwrap();
+    eventually("the holder exits", Duration::from_secs(10), || !alive(pid)).await;
+    ex["LEASEHOLD_HANDLE"].clone()
+}
+
+#[tokio::test]
+async fn a_new_holder_keeps_the_records_of_lost_and_dead_holds() {
+    let rt = folder("cli_hold_records");
+    let u = url(&rt);
+    // A loses its lease; B takes the lock: A's record stays, A's release says lost (79).
+    let a = acquire_then_lose(&rt, "deploy", &u).await;
+    let b = exports(&on_key(&rt, "acquire", "deploy", &u, &[]).await);
+    assert!(std::path::Path::new(&a).exists(), "A's record is kept");
+    let rel = output(&rt, &["release", "--handle", &a]).await;
+    assert_eq!(rel.status.code(), Some(79), "{rel:?}");
+    assert!(stderr(&rel).contains("was lost"), "{rel:?}");
+    assert!(
+        !std::path::Path::new(&a).exists(),
+        "consumed by its release"
+    );
+    assert!(alive(holder_pid(&b)), "B untouched");
+
+    // B loses too; C takes it. `release --key` reports B's loss, not C's lock.
+    std::fs::remove_file(rt.join("locks").join("deploy.lock")).unwrap();
+    eventually("B exits", Duration::from_secs(10), || {
+        !alive(holder_pid(&b))
+    })
+    .await;
+    let c = exports(&on_key(&rt, "acquire", "deploy", &u, &[]).await);
+    let rel = output(&rt, &["release", "--key", "deploy"]).await;
+    assert_eq!(rel.status.code(), Some(79), "{rel:?}");
+    assert!(alive(holder_pid(&c)), "C keeps the lock mid-deploy");
+    let st = on_key(&rt, "status", "deploy", &u, &[]).await;
+    assert_eq!(st.status.code(), Some(0), "{st:?}");
+
+    // C's holder dies (kill -9) and D takes the lock: --key reports the dead holder (79).
+    std::process::Command::new("kill")
+        .args(["-9", &holder_pid(&c).to_string()])
+        .status()
+        .unwrap();
+    eventually("C dies", Duration::from_secs(5), || !alive(holder_pid(&c))).await;
+    let d = exports(&on_key(&rt, "acquire", "deploy", &u, &[]).await);
+    let rel = output(&rt, &["release", "--key", "deploy"]).await;
+    assert_eq!(rel.status.code(), Some(79), "{rel:?}");
+    assert!(stderr(&rel).contains("gone without releasing"), "{rel:?}");
+    assert!(alive(holder_pid(&d)));
+
+    // Two live holders of "deploy" (two backends): --key alone refuses (2), --url picks.
+    let u2 = format!("file://{}", rt.join("other").display());
+    let e = exports(&on_key(&rt, "acquire", "deploy", &u2, &[]).await);
+    let rel = output(&rt, &["release", "--key", "deploy"]).await;
+    assert_eq!(rel.status.code(), Some(2), "{rel:?}");
+    assert!(stderr(&rel).contains("--handle"), "{rel:?}");
+    assert!(alive(holder_pid(&d)) && alive(holder_pid(&e)));
+    let rel = on_key(&rt, "release", "deploy", &u2, &[]).await;
+    assert_eq!(rel.status.code(), Some(0), "{rel:?}");
+    let rel = output(&rt, &["release", "--key", "deploy"]).await;
+    assert_eq!(rel.status.code(), Some(0), "{rel:?}");
+    assert!(leftovers(&rt).is_empty(), "{:?}", leftovers(&rt));
+    let _ = std::fs::remove_dir_all(&rt);
+}
+
+#[tokio::test]
+async fn a_release_that_meets_a_loss_in_progress_reports_the_loss() {
+    // A holder busy losing its lease: it takes the connection, records the loss, and goes
+    // without answering. `release` re-reads the record: 79, not 69.
+    let rt = folder("cli_hold_midloss");
+    let handle = rt.join("4242.state");
+    let held = format!(
+        "LEASEHOLD_STATE='held'\nLEASEHOLD_KEY='k'\nLEASEHOLD_HOLDER_PID='{}'\n",
+        std::process::id()
+    );
+    std::fs::write(&handle, &held).unwrap();
+    let listener = tokio::net::UnixListener::bind(rt.join("4242.sock")).unwrap();
+    let release = lh(&rt, &["release", "--handle", handle.to_str().unwrap()]).output();
+    let fake = async {
+        let (conn, _) = listener.accept().await.unwrap();
+        let mut line = String::new();
+        let mut r = tokio::io::BufReader::new(conn);
+        tokio::io::AsyncBufReadExt::read_line(&mut r, &mut line)
+            .await
+            .unwrap();
+        assert_eq!(line, "release\n");
+        std::fs::write(
+            &handle,
+            held.replace("'held'", "'lost'") + "LEASEHOLD_LOST_REASON='renewal failed'\n",
+        )
+        .unwrap();
+        drop(r);
+    };
+    let (rel, ()) = tokio::join!(release, fake);
+    let rel = rel.unwrap();
+    assert_eq!(rel.status.code(), Some(79), "{rel:?}");
+    assert!(stderr(&rel).contains("renewal failed"), "{rel:?}");
+    assert!(!handle.exists(), "the record is consumed");
+    let _ = std::fs::remove_dir_all(&rt);
+}
+
+#[tokio::test]
+async fn an_unsafe_runtime_folder_is_refused_and_a_relative_one_made_absolute() {
+    use std::os::unix::fs::PermissionsExt;
+    let base = folder("cli_hold_rtdir");
+    let u = url(&base);
+    let open = base.join("open");
+    std::fs::create_dir(&open).unwrap();
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let link = base.join("link");
+    let private = base.join("private");
+    std::fs::create_dir(&private).unwrap();
+    std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::os::unix::fs::symlink(&private, &link).unwrap();
+    for (dir, why) in [(&open, "open to other users"), (&link, "not a folder")] {
+        let out = on_key(dir, "acquire", "k", &u, &[]).await;
+        assert_eq!(out.status.code(), Some(78), "{out:?}");
+        assert!(stderr(&out).contains(why), "{out:?}");
+    }
+    let mode = std::fs::metadata(&open).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o755, "not changed behind the user's back");
+    // Relative: resolved against the current folder, so the handle works from anywhere.
+    let out = lh(
+        std::path::Path::new("rel-rt"),
+        &["acquire", "--key", "k", "--url", &u],
+    )
+    .current_dir(&base)
+    .output()
+    .await
+    .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let handle = exports(&out)["LEASEHOLD_HANDLE"].clone();
+    assert!(
+        handle.starts_with(base.join("rel-rt").to_str().unwrap()),
+        "{handle}"
+    );
+    let rel = output(&base, &["release", "--handle", &handle]).await;
+    assert_eq!(rel.status.code(), Some(0), "{rel:?}");
+    let _ = std::fs::remove_dir_all(&base);
+}
+
+#[tokio::test]
+async fn a_signal_while_acquiring_exits_128_plus_n() {
+    let rt = folder("cli_hold_sig");
+    let u = url(&rt);
+    let first = exports(&on_key(&rt, "acquire", "s", &u, &[]).await);
+    // acquire: its holder is told to stop while waiting.
+    let waiting = lh(
+        &rt,
+        &["acquire", "--key", "s", "--url", &u, "--wait", "30s"],
+    )
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .unwrap();
+    let holder = eventually_child_of(waiting.id().unwrap()).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    std::process::Command::new("kill")
+        .arg(holder.to_string())
+        .status()
+        .unwrap();
+    let out = tokio::time::timeout(Duration::from_secs(10), waiting.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(143), "{out:?}");
+    assert!(stdout(&out).is_empty());
+    // run: SIGINT while waiting.
+    let waiting = lh(
+        &rt,
+        &[
+            "run", "--key", "s", "--url", &u, "--wait", "30s", "--", "true",
+        ],
+    )
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .unwrap();
+    let pid = waiting.id().unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    std::process::Command::new("kill")
+        .args(["-INT", &pid.to_string()])
+        .status()
+        .unwrap();
+    let out = tokio::time::timeout(Duration::from_secs(10), waiting.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(130), "{out:?}");
+    // Neither took the lock on its way out.
+    let rel = output(&rt, &["release", "--handle", &first["LEASEHOLD_HANDLE"]]).await;
+    assert_eq!(rel.status.code(), Some(0), "{rel:?}");
+    let st = on_key(&rt, "status", "s", &u, &[]).await;
+    assert_eq!(st.status.code(), Some(1), "{st:?}");
     let _ = std::fs::remove_dir_all(&rt);
 }
