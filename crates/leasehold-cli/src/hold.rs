@@ -1,19 +1,24 @@
 //! `leasehold acquire` / `release`: a lock held across shell commands by a holder process.
 //!
-//! `acquire` spawns `leasehold __hold` (this binary) in a process group of its own, with stdin
-//! and stderr on `/dev/null` and stdout a pipe back to `acquire`. The holder takes the lease
-//! and reports on that pipe, one line each:
+//! `acquire` spawns `leasehold __hold` (this binary) in a process group of its own, with stderr
+//! on `/dev/null` and stdin and stdout pipes to `acquire`. The holder takes the lease and
+//! reports on stdout, one line each:
 //!
 //! - `waiting\t<budget>` when the lock is not ours after a second (`acquire` prints the notice);
 //! - `held\t<backend>\t<token or ->\t<pid>\t<handle>` once it holds the lease, or
 //! - `error\t<exit code>\t<message>` if it could not.
 //!
-//! A holder whose `acquire` is gone (the pipe is closed) when it has the lease releases it and
-//! exits. Once it holds the lease it writes a state file `<runtime dir>/<pid>.state` (the
-//! handle) and listens on `<runtime dir>/<pid>.sock`; `release` sends `release` there and gets
+//! After printing the `held` line's assignments `acquire` writes `ok` on the holder's stdin. A
+//! holder whose stdin closes without `ok` (its `acquire` was killed) gives up waiting, or
+//! releases the lease if it has it, and exits; so does one that hears nothing for
+//! [`HANDSHAKE`] after `held`. Once it holds the lease it writes a state file
+//! `<runtime dir>/<pid>.state` (the handle) and listens on `<runtime dir>/<pid>.sock`; `release` sends `release` there and gets
 //! back `released`, `not-held` or `error\t<message>`. SIGTERM and SIGINT release too; SIGHUP is
-//! ignored. If the lease is lost the holder releases what is left, rewrites the state file with
-//! `LEASEHOLD_STATE='lost'` and the reason, and exits; `release` then reports the loss.
+//! ignored. If the lease is lost the holder rewrites the state file with
+//! `LEASEHOLD_STATE='lost'` and the reason, removes its socket, releases what is left, and
+//! exits; `release` then reports the loss. Records of lost holds and dead holders stay until
+//! their `release` consumes them (a later `acquire` of the same lock sweeps those older than
+//! [`STALE_AFTER`]); a holder never removes another's record.
 
 use std::fs;
 use std::io::{self, BufRead, BufReader, Read, Write};

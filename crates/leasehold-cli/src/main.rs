@@ -6,7 +6,8 @@
 //! leasehold run --key nightly --url postgres://… --wait 30s -- ./job.sh
 //! leasehold run --key nightly --config /etc/app/locks.toml --no-wait -- ./job.sh
 //!
-//! eval "$(leasehold acquire --key deploy --url etcd://10.0.0.5:2379)"   # for scripts
+//! lease=$(leasehold acquire --key deploy --url etcd://10.0.0.5:2379) || exit   # for scripts
+//! eval "$lease"
 //! ./deploy.sh --fence "$LEASEHOLD_FENCING_TOKEN"
 //! leasehold release                                                    # uses $LEASEHOLD_HANDLE
 //!

@@ -85,7 +85,8 @@ async fn eval_in_a_shell_then_release_from_the_environment() {
     let u = url(&rt);
     let script = format!(
         r#"set -e
-eval "$({BIN} acquire --key 'it'\''s mine' --url {u})"
+lease=$({BIN} acquire --key 'it'\''s mine' --url {u}) || exit
+eval "$lease"
 echo "token=$LEASEHOLD_FENCING_TOKEN key=$LEASEHOLD_KEY"
 sh -c 'echo "child sees $LEASEHOLD_FENCING_TOKEN"'
 {BIN} release
@@ -111,6 +112,23 @@ echo released=$?"#
     );
     let st = on_key(&rt, "status", "it's mine", &u, &[]).await;
     assert_eq!(st.status.code(), Some(1));
+    // The guide's form stops the script when the lock is not taken (`eval "$(…)"` would not).
+    let held = exports(&on_key(&rt, "acquire", "busy", &u, &[]).await);
+    let out = tokio::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            r#"lease=$({BIN} acquire --key busy --url {u} --no-wait) || exit
+eval "$lease"
+echo continued"#
+        ))
+        .env("LEASEHOLD_RUNTIME_DIR", &rt)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(75), "{out:?}");
+    assert!(stdout(&out).is_empty(), "{out:?}");
+    let rel = output(&rt, &["release", "--handle", &held["LEASEHOLD_HANDLE"]]).await;
+    assert_eq!(rel.status.code(), Some(0));
     let _ = std::fs::remove_dir_all(&rt);
 }
 
@@ -646,5 +664,46 @@ async fn a_signal_while_acquiring_exits_128_plus_n() {
     assert_eq!(rel.status.code(), Some(0), "{rel:?}");
     let st = on_key(&rt, "status", "s", &u, &[]).await;
     assert_eq!(st.status.code(), Some(1), "{st:?}");
+    let _ = std::fs::remove_dir_all(&rt);
+}
+
+#[tokio::test]
+async fn acquire_sweeps_records_of_ended_holds_older_than_a_day() {
+    let rt = folder("cli_hold_sweep");
+    let u = url(&rt);
+    let record = |name: &str, key: &str| {
+        let p = rt.join(name);
+        std::fs::write(
+            &p,
+            format!(
+                "LEASEHOLD_STATE='lost'\nLEASEHOLD_KEY='{key}'\nLEASEHOLD_LOCATION='{u}'\nLEASEHOLD_HOLDER_PID='0'\n"
+            ),
+        )
+        .unwrap();
+        p
+    };
+    let old = record("1.state", "sw");
+    let old_other_key = record("2.state", "other");
+    let recent = record("3.state", "sw");
+    for p in [&old, &old_other_key] {
+        let st = std::process::Command::new("touch")
+            .args(["-d", "2 days ago"])
+            .arg(p)
+            .status()
+            .unwrap();
+        assert!(st.success());
+    }
+    let out = on_key(&rt, "acquire", "sw", &u, &[]).await;
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(!old.exists(), "a day-old lost record of the same lock goes");
+    assert!(recent.exists(), "a recent one waits for its release");
+    assert!(
+        old_other_key.exists(),
+        "another lock's record is not ours to sweep"
+    );
+    let rel = output(&rt, &["release", "--handle", recent.to_str().unwrap()]).await;
+    assert_eq!(rel.status.code(), Some(79), "{rel:?}");
+    let rel = output(&rt, &["release", "--key", "sw"]).await;
+    assert_eq!(rel.status.code(), Some(0), "{rel:?}");
     let _ = std::fs::remove_dir_all(&rt);
 }
