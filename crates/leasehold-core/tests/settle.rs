@@ -66,8 +66,8 @@ async fn settle_waits_for_the_release_of_a_dropped_lease() {
     let t0 = Instant::now();
     assert!(settle(Duration::from_secs(5)).await);
     assert!(
-        t0.elapsed() < DELAY,
-        "settle waited longer than the release"
+        t0.elapsed() < Duration::from_secs(2),
+        "settle waited for its bound, not for the release"
     );
     let again = other.try_acquire("k").await.unwrap();
     assert!(again.is_some(), "settle returned before the lock was freed");
