@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use etcd_client::{LeaseClient, LeaseKeepAliveStream, LeaseKeeper};
 use leasehold_core::{LeaseMonitor, Validity};
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
 use crate::backend::{EtcdError, with_timeout};
@@ -23,6 +23,9 @@ pub(crate) struct Session {
     /// Revoke the lease when the last reference goes (per-lock leases, and session leases of a
     /// dropped backend).
     revoke_on_drop: bool,
+    /// Wakes the keep-alive loop when a grant is watched: its cap may shorten the interval.
+    /// Shared with the loop, which holds the session only weakly while it sleeps.
+    replan: Arc<Notify>,
 }
 
 #[derive(Debug)]
@@ -79,9 +82,11 @@ impl Session {
             lost,
             lease: lease.clone(),
             revoke_on_drop,
+            replan: Arc::new(Notify::new()),
         });
         tracing::debug!(lease = %format_args!("{:x}", session.id), ttl = ?granted, "leasehold.etcd: lease granted");
-        tokio::spawn(keep_alive(Arc::downgrade(&session), lease, timeout));
+        let replan = Arc::clone(&session.replan);
+        tokio::spawn(keep_alive(Arc::downgrade(&session), replan, lease, timeout));
         Ok(session)
     }
 
@@ -145,6 +150,8 @@ impl Session {
         }
         state.monitors.retain(|(m, _)| !m.is_closed());
         state.monitors.push((monitor, cap));
+        drop(state);
+        self.replan.notify_one();
     }
 
     /// Marks the lease lost and fires the lost signal of every grant on it. Idempotent.
@@ -236,7 +243,12 @@ pub(crate) fn spawn_revoke(lease: LeaseClient, id: i64) {
 /// The keep-alive loop of one lease: one request at a time over one stream; a failed stream is
 /// reopened (the client's balancer picks a live member) until the lease's TTL since the last
 /// acknowledgement has run out, and then the lease is lost.
-async fn keep_alive(session: Weak<Session>, mut lease: LeaseClient, timeout: Duration) {
+async fn keep_alive(
+    session: Weak<Session>,
+    replan: Arc<Notify>,
+    mut lease: LeaseClient,
+    timeout: Duration,
+) {
     let mut stream: Option<(LeaseKeeper, LeaseKeepAliveStream)> = None;
     // When `next` was planned: the interval may shrink after that.
     let mut planned = Instant::now();
@@ -246,16 +258,16 @@ async fn keep_alive(session: Weak<Session>, mut lease: LeaseClient, timeout: Dur
     };
     loop {
         // A grant watched after `next` was planned (the first grant on a fresh session, with a
-        // TTL shorter than the session's) needs an earlier keep-alive: look again every 100 ms.
+        // TTL shorter than the session's) needs an earlier keep-alive: `watch` wakes us to plan
+        // again.
         loop {
             let Some(s) = session.upgrade() else { return };
             let due = next.min(planned + s.interval());
             drop(s);
-            let now = Instant::now();
-            if now >= due {
-                break;
+            tokio::select! {
+                () = tokio::time::sleep_until(due) => break,
+                () = replan.notified() => {}
             }
-            tokio::time::sleep((due - now).min(Duration::from_millis(100))).await;
         }
         let Some(s) = session.upgrade() else { return };
         if s.lost.borrow().is_some() {
