@@ -121,7 +121,10 @@ impl Shared {
     /// when no release comes to do it (the pool shrinks back after a burst even if the
     /// application goes quiet). It ends when the backend is dropped.
     fn start_reaper(self: &Arc<Self>) {
-        if self.reaper_started.swap(true, Ordering::AcqRel) {
+        // A plain load first: this runs on every release, the swap only once.
+        if self.reaper_started.load(Ordering::Acquire)
+            || self.reaper_started.swap(true, Ordering::AcqRel)
+        {
             return;
         }
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
