@@ -55,11 +55,14 @@ impl Owner {
     pub fn random() -> Result<Self, getrandom::Error> {
         let mut bytes = [0u8; OWNER_BYTES];
         getrandom::fill(&mut bytes)?;
-        let mut hex = String::with_capacity(OWNER_BYTES * 2);
-        for b in bytes {
-            hex.push(char::from(HEX[usize::from(b >> 4)]));
-            hex.push(char::from(HEX[usize::from(b & 0xf)]));
+        // Hex on the stack, then one allocation for the shared string (not a `String` first).
+        let mut hex = [0u8; OWNER_BYTES * 2];
+        for (i, b) in bytes.into_iter().enumerate() {
+            hex[2 * i] = HEX[usize::from(b >> 4)];
+            hex[2 * i + 1] = HEX[usize::from(b & 0xf)];
         }
+        // Always ASCII; the error arm only spares an `unwrap`.
+        let hex = std::str::from_utf8(&hex).map_err(|_| getrandom::Error::UNEXPECTED)?;
         Ok(Self(Arc::from(hex)))
     }
 
@@ -99,7 +102,12 @@ mod tests {
         let a = Owner::random()?;
         let b = Owner::random()?;
         assert_eq!(a.as_str().len(), OWNER_BYTES * 2);
-        assert!(a.as_str().bytes().all(|c| c.is_ascii_hexdigit()));
+        assert!(
+            a.as_str()
+                .bytes()
+                .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c)),
+            "not lower-case hex: {a}"
+        );
         assert_ne!(a, b);
         Ok(())
     }
