@@ -4,10 +4,10 @@ use std::fmt;
 use std::future::{Future, IntoFuture};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
@@ -47,7 +47,7 @@ impl fmt::Display for LossReason {
     }
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 struct Status {
     /// `None` until the grant is known.
     valid_until: Option<Instant>,
@@ -64,12 +64,32 @@ impl Status {
             _ => None,
         }
     }
+
+    /// [`loss`](Self::loss) now, reading the clock only when the answer depends on it. Called
+    /// under the lock, so a concurrent renewal is seen either with its new deadline or not at
+    /// all.
+    fn loss_now(&self) -> Option<LossReason> {
+        match (&self.lost, self.valid_until) {
+            (Some(r), _) => Some(r.clone()),
+            (None, Some(t)) if Instant::now() >= t => Some(LossReason::Expired),
+            (None, _) => None,
+        }
+    }
 }
 
 /// The status of one lease, shared by the lease, its lost signals and its monitor.
+///
+/// The lost signals hold it strongly, so it can outlive the lease: a dropped lease is known
+/// here by the [`LossReason::Released`] its drop records, not by its absence. The monitor holds
+/// it weakly.
 #[derive(Debug)]
 pub(crate) struct Shared {
-    tx: watch::Sender<Status>,
+    status: Mutex<Status>,
+    /// Wakes the waiting lost signals after a change of `status`.
+    changed: Notify,
+    /// Whether a [`LostSignal`] was ever handed out. Until then a change wakes nobody: most
+    /// leases never hand one out, and waking costs as much as the rest of the bookkeeping.
+    watched: AtomicBool,
     drift: Drift,
     /// The backend's name, for the metrics' `backend` label.
     #[cfg(feature = "metrics")]
@@ -79,16 +99,48 @@ pub(crate) struct Shared {
 impl Shared {
     #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
     pub(crate) fn new(drift: Drift, backend: &'static str) -> Arc<Self> {
-        let (tx, _) = watch::channel(Status {
-            valid_until: None,
-            lost: None,
-        });
         Arc::new(Self {
-            tx,
+            status: Mutex::new(Status {
+                valid_until: None,
+                lost: None,
+            }),
+            changed: Notify::new(),
+            watched: AtomicBool::new(false),
             drift,
             #[cfg(feature = "metrics")]
             backend,
         })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Status> {
+        // Nothing panics while holding it; recover the status if something ever did.
+        self.status.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Wakes the waiting lost signals after a change of the status, if a signal was ever handed
+    /// out. Called after the change, outside the lock. A signal reads the status under the lock
+    /// only after [`Lease::lost`] set `watched` and after it registered for a wake-up, so either
+    /// it read the changed status, or its read came first under the lock and this load sees
+    /// `watched` set: no wake-up is lost.
+    fn wake(&self) {
+        if self.watched.load(Ordering::Relaxed) {
+            self.changed.notify_waiters();
+        }
+    }
+
+    /// Why the lease is over, if it is.
+    fn loss(&self) -> Option<LossReason> {
+        self.lock().loss_now()
+    }
+
+    /// The loss, if any, and the validity deadline: what a waiting signal needs.
+    fn loss_and_deadline(&self) -> (Option<LossReason>, Option<Instant>) {
+        let s = self.lock();
+        (s.loss_now(), s.valid_until)
+    }
+
+    fn valid_until(&self) -> Option<Instant> {
+        self.lock().valid_until
     }
 
     /// Counts a loss in the metrics (`lost` is the first terminal state of the lease).
@@ -102,53 +154,38 @@ impl Shared {
     fn renew(&self, v: Validity) -> Result<(), LossReason> {
         let deadline = self.drift.deadline(v);
         let now = Instant::now();
-        let mut outcome = Ok(());
-        self.tx.send_if_modified(|s| match s.loss(now) {
-            Some(r) => {
-                let changed = s.lost.is_none();
-                #[cfg(feature = "metrics")]
-                if changed {
-                    self.count_loss(&r);
-                }
-                s.lost = Some(r.clone());
-                outcome = Err(r);
-                changed
+        let mut s = self.lock();
+        if let Some(r) = s.loss(now) {
+            if s.lost.is_some() {
+                return Err(r);
             }
-            None => {
-                s.valid_until = Some(deadline);
-                true
-            }
-        });
-        outcome
+            #[cfg(feature = "metrics")]
+            self.count_loss(&r);
+            s.lost = Some(r.clone());
+            drop(s);
+            self.wake();
+            return Err(r);
+        }
+        s.valid_until = Some(deadline);
+        drop(s);
+        self.wake();
+        Ok(())
     }
 
     fn lose(&self, reason: LossReason) {
-        self.tx.send_if_modified(|s| {
-            if s.lost.is_some() {
-                return false;
-            }
-            // A release after the deadline passed unnoticed is still a loss, by expiry.
-            #[cfg(feature = "metrics")]
-            match s.loss(Instant::now()) {
-                Some(expired) if reason == LossReason::Released => self.count_loss(&expired),
-                _ => self.count_loss(&reason),
-            }
-            s.lost = Some(reason);
-            self.watched()
-        });
-    }
-
-    /// Whether a change of the status must wake anyone, i.e. whether any [`LostSignal`] exists.
-    /// Waking the channel's waiters costs as much as the rest of a lease's bookkeeping, and
-    /// most leases never hand out a signal. Called inside `send_if_modified`, under the
-    /// channel's write lock: a signal subscribed after this said no reads the changed value
-    /// before it waits for a change (every reader of the status does), so it misses nothing.
-    fn watched(&self) -> bool {
-        self.tx.receiver_count() > 0
-    }
-
-    fn status(&self) -> Status {
-        self.tx.borrow().clone()
+        let mut s = self.lock();
+        if s.lost.is_some() {
+            return;
+        }
+        // A release after the deadline passed unnoticed is still a loss, by expiry.
+        #[cfg(feature = "metrics")]
+        match s.loss(Instant::now()) {
+            Some(expired) if reason == LossReason::Released => self.count_loss(&expired),
+            _ => self.count_loss(&reason),
+        }
+        s.lost = Some(reason);
+        drop(s);
+        self.wake();
     }
 }
 
@@ -198,16 +235,14 @@ impl LeaseMonitor {
     /// let go" (clean up quietly) from "the grant was lost" (it already said so).
     pub fn loss_reason(&self) -> Option<LossReason> {
         match self.shared.upgrade() {
-            Some(s) => s.status().loss(Instant::now()),
+            Some(s) => s.loss(),
             None => Some(LossReason::Released),
         }
     }
 
     /// Whether the lease has been dropped or lost, so there is nothing left to watch.
     pub fn is_closed(&self) -> bool {
-        self.shared
-            .upgrade()
-            .is_none_or(|s| s.status().loss(Instant::now()).is_some())
+        self.shared.upgrade().is_none_or(|s| s.loss().is_some())
     }
 }
 
@@ -217,9 +252,13 @@ impl LeaseMonitor {
 /// deadline passes unrenewed, or when the lease is released or dropped
 /// ([`LossReason::Released`]) — whichever comes first. It is `'static`, so it can be moved into
 /// a task or a response future and used with `tokio::select!`.
+///
+/// The first loss is final: a signal that outlives its lease keeps reporting the reason the
+/// lease ended with ([`LossReason::Released`] for a lease released or dropped while still
+/// valid).
 #[derive(Debug, Clone)]
 pub struct LostSignal {
-    rx: watch::Receiver<Status>,
+    shared: Arc<Shared>,
 }
 
 impl LostSignal {
@@ -230,35 +269,28 @@ impl LostSignal {
 
     /// Why the lease is lost, if it is.
     pub fn reason(&self) -> Option<LossReason> {
-        if self.rx.has_changed().is_err() {
-            return Some(LossReason::Released);
-        }
-        self.rx.borrow().loss(Instant::now())
+        self.shared.loss()
     }
 
     /// Waits until the lease is lost.
-    pub async fn wait(mut self) -> LossReason {
+    pub async fn wait(self) -> LossReason {
         loop {
-            let status = self.rx.borrow_and_update().clone();
-            if let Some(r) = status.loss(Instant::now()) {
+            // Register for a wake-up before reading the status, so that a change made after
+            // the read wakes us.
+            let mut changed = std::pin::pin!(self.shared.changed.notified());
+            changed.as_mut().enable();
+            let (loss, deadline) = self.shared.loss_and_deadline();
+            if let Some(r) = loss {
                 return r;
             }
-            match status.valid_until {
+            match deadline {
                 Some(deadline) => {
                     tokio::select! {
-                        changed = self.rx.changed() => {
-                            if changed.is_err() {
-                                return LossReason::Released;
-                            }
-                        }
+                        () = changed => {}
                         () = tokio::time::sleep_until(deadline) => {}
                     }
                 }
-                None => {
-                    if self.rx.changed().await.is_err() {
-                        return LossReason::Released;
-                    }
-                }
+                None => changed.await,
             }
         }
     }
@@ -365,10 +397,9 @@ impl Lease {
         validity: Validity,
         ttl: Duration,
     ) -> Self {
-        shared.tx.send_if_modified(|s| {
-            s.valid_until = Some(shared.drift.deadline(validity));
-            shared.watched()
-        });
+        shared.lock().valid_until = Some(shared.drift.deadline(validity));
+        // Wakes nobody yet (signals come from the lease); kept so the rule has no exception.
+        shared.wake();
         metrics::held(backend.name(), 1.0);
         Self {
             inner: Arc::new(Inner {
@@ -423,11 +454,7 @@ impl Lease {
 
     /// The validity deadline on the monotonic clock: act as the holder only before it.
     pub fn valid_until(&self) -> Instant {
-        self.inner
-            .shared
-            .status()
-            .valid_until
-            .unwrap_or_else(Instant::now)
+        self.inner.shared.valid_until().unwrap_or_else(Instant::now)
     }
 
     /// Time left before the validity deadline (zero once passed).
@@ -442,13 +469,16 @@ impl Lease {
 
     /// Why the lease is lost, if it is.
     pub fn loss_reason(&self) -> Option<LossReason> {
-        self.inner.shared.status().loss(Instant::now())
+        self.inner.shared.loss()
     }
 
     /// A future that completes when the lease is lost (see [`LostSignal`]).
     pub fn lost(&self) -> LostSignal {
+        let shared = &self.inner.shared;
+        // Set before the signal can read the status: from now on every change wakes signals.
+        shared.watched.store(true, Ordering::Relaxed);
         LostSignal {
-            rx: self.inner.shared.tx.subscribe(),
+            shared: Arc::clone(shared),
         }
     }
 
@@ -535,7 +565,8 @@ impl Lease {
             return Ok(false);
         }
         self.inner.stop_watchdog();
-        let started = Instant::now();
+        // The clock is read only for the debug log below.
+        let started = tracing::enabled!(tracing::Level::DEBUG).then(Instant::now);
         let result = self.inner.backend.release(self.inner.held()).await;
         if result.is_ok() && !self.inner.released.swap(true, Ordering::AcqRel) {
             self.inner.shared.lose(LossReason::Released);
@@ -549,7 +580,7 @@ impl Lease {
                 Ok(false) => "not held",
                 Err(_) => "failed",
             },
-            elapsed_ms = started.elapsed().as_secs_f64() * 1e3,
+            elapsed_ms = started.map(|s| s.elapsed().as_secs_f64() * 1e3),
             "leasehold.release"
         );
         result
@@ -673,8 +704,7 @@ async fn watchdog(lease: Weak<Inner>, interval: Duration) {
     loop {
         tokio::time::sleep_until(next).await;
         let Some(inner) = lease.upgrade() else { return };
-        let status = inner.shared.status();
-        if status.loss(Instant::now()).is_some() {
+        if inner.shared.loss().is_some() {
             return;
         }
         let ttl = inner.ttl();
@@ -700,7 +730,7 @@ async fn watchdog(lease: Weak<Inner>, interval: Duration) {
             Err(e) => {
                 metrics::renewal_failed(inner.backend.name());
                 let now = Instant::now();
-                let deadline = inner.shared.status().valid_until.unwrap_or(now);
+                let deadline = inner.shared.valid_until().unwrap_or(now);
                 if now >= deadline {
                     tracing::warn!(key = %inner.key, backend = inner.backend.name(), error = %e,
                         "leasehold.lost: renewal failed until the deadline");
@@ -756,5 +786,118 @@ mod tests {
         let info = lease.info();
         drop(lease);
         assert_eq!(info.lost.reason(), Some(LossReason::Released));
+    }
+
+    fn paused_locker() -> Locker {
+        Locker::new(MemoryBackend::new())
+            .with_options(
+                crate::LockOptions::default()
+                    .with_ttl(Duration::from_secs(1))
+                    .with_renewal(crate::Renewal::Off),
+            )
+            .unwrap()
+    }
+
+    /// A signal outlives its lease: a waiter taken before the drop wakes with `Released`, the
+    /// signal keeps saying so, and the monitor (which now finds the status still alive, kept
+    /// by the signal) reports the lease closed and released.
+    #[tokio::test(start_paused = true)]
+    async fn a_signal_outliving_its_dropped_lease_reports_released() {
+        let locker = paused_locker();
+        let lease = locker.try_acquire("k").await.unwrap().unwrap();
+        let monitor = LeaseMonitor::new(&lease.inner.shared);
+        let signal = lease.lost();
+        let waiter = tokio::spawn(signal.clone().wait());
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished());
+        assert!(!monitor.is_closed());
+
+        let t0 = Instant::now();
+        drop(lease);
+        assert_eq!(waiter.await.unwrap(), LossReason::Released);
+        assert_eq!(Instant::now(), t0, "woken by the drop, not by the deadline");
+        assert_eq!(signal.reason(), Some(LossReason::Released));
+        assert!(monitor.is_closed());
+        assert_eq!(monitor.loss_reason(), Some(LossReason::Released));
+        assert!(!monitor.renewed(Validity::new(Instant::now(), Duration::from_secs(9))));
+        // Long after the deadline the reason is still the first one, not an expiry.
+        tokio::time::advance(Duration::from_secs(5)).await;
+        assert_eq!(signal.clone().wait().await, LossReason::Released);
+
+        // With the signal gone too, the monitor still says released.
+        drop(signal);
+        assert!(monitor.is_closed());
+        assert_eq!(monitor.loss_reason(), Some(LossReason::Released));
+    }
+
+    /// A waiting signal follows renewals: it does not fire at the deadline a renewal moved, it
+    /// fires at the new one, with `Expired`; a renewal arriving after that is refused.
+    #[tokio::test(start_paused = true)]
+    async fn a_waiting_signal_follows_renewals_to_the_new_deadline() {
+        let locker = paused_locker();
+        let lease = locker.try_acquire("k").await.unwrap().unwrap();
+        let monitor = LeaseMonitor::new(&lease.inner.shared);
+        let first = lease.valid_until();
+        let waiter = tokio::spawn(lease.lost().wait());
+        tokio::task::yield_now().await;
+
+        tokio::time::advance(Duration::from_millis(500)).await;
+        assert!(monitor.renewed(Validity::new(Instant::now(), Duration::from_secs(1))));
+        let second = lease.valid_until();
+        assert!(second > first, "the renewal moved the deadline");
+
+        // Past the first deadline, before the second: still held, the waiter still waits.
+        tokio::time::sleep_until(first + Duration::from_millis(10)).await;
+        assert!(!lease.is_lost());
+        assert!(
+            !waiter.is_finished(),
+            "the signal fired at the old deadline"
+        );
+
+        // Past the second: lost by expiry, and the waiter wakes with it.
+        tokio::time::sleep_until(second).await;
+        let reason = tokio::time::timeout(Duration::from_millis(10), waiter).await;
+        assert_eq!(reason.unwrap().unwrap(), LossReason::Expired);
+        assert_eq!(lease.loss_reason(), Some(LossReason::Expired));
+
+        // A late renewal does not revive it, and loss is final through release and drop.
+        assert!(!monitor.renewed(Validity::new(Instant::now(), Duration::from_secs(1))));
+        assert!(
+            !lease.release().await.unwrap(),
+            "the grant had expired on the server"
+        );
+        let signal = lease.lost();
+        drop(lease);
+        assert_eq!(signal.reason(), Some(LossReason::Expired));
+        assert_eq!(signal.clone().wait().await, LossReason::Expired);
+        assert_eq!(monitor.loss_reason(), Some(LossReason::Expired));
+        assert!(monitor.is_closed());
+        // Once the last trace of the lease is gone, the monitor says it was let go.
+        drop(signal);
+        assert_eq!(monitor.loss_reason(), Some(LossReason::Released));
+    }
+
+    /// A loss the backend reports wakes every waiting signal, on other tasks too, and a signal
+    /// taken afterwards sees it at once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_reported_loss_wakes_every_waiting_signal() {
+        let locker = Locker::new(MemoryBackend::new());
+        let lease = locker.try_acquire("k").await.unwrap().unwrap();
+        let monitor = LeaseMonitor::new(&lease.inner.shared);
+        let waiters: Vec<_> = (0..8).map(|_| tokio::spawn(lease.lost().wait())).collect();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(waiters.iter().all(|w| !w.is_finished()));
+
+        monitor.lost("session died");
+        let gone = LossReason::Backend(Arc::from("session died"));
+        for w in waiters {
+            let reason = tokio::time::timeout(Duration::from_secs(5), w).await;
+            assert_eq!(reason.unwrap().unwrap(), gone);
+        }
+        assert_eq!(lease.lost().reason(), Some(gone.clone()));
+        assert!(monitor.is_closed());
+        // Release after the loss still reaches the backend, and the reason stays.
+        assert!(lease.release().await.unwrap());
+        assert_eq!(lease.loss_reason(), Some(gone));
     }
 }
