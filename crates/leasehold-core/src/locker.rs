@@ -115,10 +115,15 @@ impl Locker {
             .map_err(|e| Error::invalid_key(self.backend.name(), e))?;
         let span = tracing::debug_span!("leasehold.try_acquire", backend = self.backend.name(), key = %key);
         async {
-            let started = Instant::now();
+            // The call's duration feeds only the metrics and the debug log: read the clock for
+            // them only (the attempt reads its own, for the validity).
+            let started = (cfg!(feature = "metrics") || tracing::enabled!(tracing::Level::DEBUG))
+                .then(Instant::now);
             let result = self.attempt(&key, Mode::Try).await.map(|(lease, _)| lease);
             let outcome = result.as_ref().map(Option::is_some);
-            metrics::acquired(self.backend.name(), &outcome, started);
+            if let Some(started) = started {
+                metrics::acquired(self.backend.name(), &outcome, started);
+            }
             log_outcome(&outcome, 1, started);
             result
         }
@@ -145,7 +150,7 @@ impl Locker {
             let result = self.acquire_inner(&key, wait, started, &mut attempts).await;
             let outcome = result.as_ref().map(|_| true);
             metrics::acquired(self.backend.name(), &outcome, started);
-            log_outcome(&outcome, attempts, started);
+            log_outcome(&outcome, attempts, Some(started));
             result
         }
         .instrument(span)
@@ -247,10 +252,10 @@ impl Locker {
         let ttl = self.options.ttl;
         let shared = Shared::new(self.options.drift, self.backend.name());
         let monitor = LeaseMonitor::new(&shared);
-        let mut cleanup = Cleanup {
-            backend: Arc::clone(&self.backend),
-            key: key.clone(),
-            owner: owner.clone(),
+        let cleanup = Cleanup {
+            backend: &self.backend,
+            key,
+            owner: &owner,
             armed: true,
         };
         let started = Instant::now();
@@ -280,12 +285,12 @@ impl Locker {
                         | ErrorKind::InvalidConfig
                         | ErrorKind::Unsupported
                 ) {
-                    cleanup.armed = false;
+                    cleanup.disarm();
                 }
                 return Err(e);
             }
         };
-        cleanup.armed = false;
+        cleanup.disarm();
         let Some(grant) = grant else {
             return Ok((None, attempts));
         };
@@ -318,29 +323,47 @@ impl Locker {
     }
 }
 
-fn log_outcome(result: &Result<bool, &Error>, attempts: u32, started: Instant) {
-    let elapsed_ms = started.elapsed().as_secs_f64() * 1e3;
+/// Logs how an acquisition ended. The fields are evaluated only when the event is enabled, so
+/// the clock is read only for a debug log that is written.
+fn log_outcome(result: &Result<bool, &Error>, attempts: u32, started: Option<Instant>) {
+    let elapsed_ms = || started.map(|s| s.elapsed().as_secs_f64() * 1e3);
     match result {
-        Ok(true) => tracing::debug!(outcome = "acquired", attempts, elapsed_ms),
-        Ok(false) => tracing::debug!(outcome = "held elsewhere", attempts, elapsed_ms),
-        Err(e) => tracing::debug!(outcome = "failed", error = %e, attempts, elapsed_ms),
+        Ok(true) => tracing::debug!(outcome = "acquired", attempts, elapsed_ms = elapsed_ms()),
+        Ok(false) => {
+            tracing::debug!(
+                outcome = "held elsewhere",
+                attempts,
+                elapsed_ms = elapsed_ms()
+            );
+        }
+        Err(e) => {
+            tracing::debug!(outcome = "failed", error = %e, attempts, elapsed_ms = elapsed_ms());
+        }
     }
 }
 
-/// Releases by owner, in the background, an acquisition whose outcome was never seen.
-struct Cleanup {
-    backend: Arc<dyn LockBackend>,
-    key: LockKey,
-    owner: Owner,
+/// Releases by owner, in the background, an acquisition whose outcome was never seen: armed
+/// until [`disarm`](Self::disarm)ed. It borrows, and clones only when it must release.
+struct Cleanup<'a> {
+    backend: &'a Arc<dyn LockBackend>,
+    key: &'a LockKey,
+    owner: &'a Owner,
     armed: bool,
 }
 
-impl Drop for Cleanup {
+impl Cleanup<'_> {
+    /// The outcome was seen: nothing to clean up.
+    fn disarm(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for Cleanup<'_> {
     fn drop(&mut self) {
         if !self.armed {
             return;
         }
-        let backend = Arc::clone(&self.backend);
+        let backend = Arc::clone(self.backend);
         let key = self.key.clone();
         let owner = self.owner.clone();
         spawn_detached(async move {
