@@ -521,6 +521,19 @@ pub fn services_script() -> PathBuf {
 /// returned future is dropped (e.g. by a timeout). A non-zero exit is an
 /// error whose message includes the script's stderr.
 pub async fn node_ctl(node: &str, action: NodeAction) -> io::Result<()> {
+    run_script(node, &[action.as_str(), node]).await
+}
+
+/// Runs `scripts/services pin NODE CPUS`: sets the CPU affinity of the node's process, its
+/// threads and its children (for postgres the postmaster and every backend; backends forked
+/// later inherit it). `cpus` is a `taskset` list (`"1"`, `"0-1"`) or `"all"`. Benchmarks use
+/// it so that the scheduler's placement of server processes does not decide a comparison.
+pub async fn pin_node(node: &str, cpus: &str) -> io::Result<()> {
+    run_script(node, &["pin", node, cpus]).await
+}
+
+/// Runs the services script with `args` (the first naming the subcommand) for `node`.
+async fn run_script(node: &str, args: &[&str]) -> io::Result<()> {
     if !NODES.contains(&node) {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
@@ -528,10 +541,10 @@ pub async fn node_ctl(node: &str, action: NodeAction) -> io::Result<()> {
         ));
     }
     let script = services_script();
+    let what = args.join(" ");
     let mut cmd = tokio::process::Command::new("bash");
     cmd.arg(&script)
-        .arg(action.as_str())
-        .arg(node)
+        .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -542,14 +555,14 @@ pub async fn node_ctl(node: &str, action: NodeAction) -> io::Result<()> {
     let output = cmd.output().await.map_err(|e| {
         io::Error::new(
             e.kind(),
-            format!("cannot run {} {action} {node}: {e}", script.display()),
+            format!("cannot run {} {what}: {e}", script.display()),
         )
     })?;
     if output.status.success() {
         return Ok(());
     }
     Err(io::Error::other(format!(
-        "{} {action} {node} failed ({}): {}{}",
+        "{} {what} failed ({}): {}{}",
         script.display(),
         output.status,
         String::from_utf8_lossy(&output.stderr).trim(),

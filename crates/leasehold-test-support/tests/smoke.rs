@@ -269,6 +269,71 @@ async fn node_ctl_rejects_unknown_nodes() {
     );
 }
 
+/// The pid a Redis node reports in `INFO server`.
+async fn redis_pid(addr: SocketAddr) -> Result<u32, Box<dyn Error>> {
+    let exchange = async {
+        let mut stream = TcpStream::connect(addr).await?;
+        stream
+            .write_all(b"*2\r\n$4\r\nINFO\r\n$6\r\nserver\r\n")
+            .await?;
+        let mut reply = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            let text = String::from_utf8_lossy(&reply);
+            if let Some(rest) = text.split("process_id:").nth(1)
+                && let Some((pid, _)) = rest.split_once("\r\n")
+            {
+                return Ok::<_, Box<dyn Error>>(pid.trim().parse()?);
+            }
+            let n = stream.read(&mut buf).await?;
+            if n == 0 {
+                return Err("INFO reply ended without process_id".into());
+            }
+            reply.extend_from_slice(&buf[..n]);
+        }
+    };
+    timeout(OP_TIMEOUT, exchange).await?
+}
+
+/// The CPUs a process may run on, as /proc says (`Cpus_allowed_list`).
+fn cpus_allowed(pid: u32) -> Result<String, Box<dyn Error>> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let line = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .ok_or("no Cpus_allowed_list in /proc/PID/status")?;
+    Ok(line.trim().to_owned())
+}
+
+#[tokio::test]
+async fn pin_node_sets_and_restores_the_cpu_affinity() -> TestResult {
+    let nodes = require_service!(Service::Redlock, Ok(()));
+    let _serial = REDLOCK5.lock().await;
+    let addr = *nodes.addrs().get(4).ok_or("no fifth Redlock node")?;
+    let pid = redis_pid(addr).await?;
+    let all = cpus_allowed(pid)?;
+
+    timeout(OP_TIMEOUT, services::pin_node("redlock5", "0")).await??;
+    let pinned = cpus_allowed(pid);
+    // Restore before asserting anything.
+    timeout(OP_TIMEOUT, services::pin_node("redlock5", "all")).await??;
+    assert_eq!(pinned?, "0");
+    // The services run on every CPU unless a benchmark pinned them.
+    assert_eq!(
+        cpus_allowed(pid)?,
+        all,
+        "`all` did not restore the affinity"
+    );
+    redis_ping(addr, OP_TIMEOUT).await?;
+
+    let bad = services::pin_node("redlock5", "zero").await;
+    assert!(
+        matches!(&bad, Err(e) if e.to_string().contains("bad CPU list")),
+        "{bad:?}"
+    );
+    Ok(())
+}
+
 /// The throwaway CA of the harness's TLS servers: configured, and a PEM certificate.
 fn assert_tls_ca() -> TestResult {
     let ca =
