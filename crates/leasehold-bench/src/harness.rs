@@ -13,28 +13,30 @@ use crate::stats::{Grant, Summary};
 /// The error of a benchmark run.
 pub(crate) type BoxError = Box<dyn Error + Send + Sync>;
 
-/// Rounds per measurement: the implementations take turns, so drift in machine load hits all
-/// of them alike.
-const ROUNDS: usize = 10;
+/// Cycles of one implementation per round: the implementations take turns every few cycles,
+/// so drift in machine load (a noisy neighbour, a busy second CPU) hits all of them alike.
+const BLOCK: usize = 20;
 
-/// Measures `k` implementations, `n` cycles each, in alternating rounds after `warmup` cycles
-/// of each; `cycle(i)` runs one cycle of implementation `i`. One summary per implementation.
+/// Measures `k` implementations, `n` cycles each, in alternating rounds of [`BLOCK`] cycles
+/// after `warmup` cycles of each; `cycle(i)` runs one cycle of implementation `i`. One summary
+/// per implementation.
 pub(crate) async fn interleaved(
     n: usize,
     k: usize,
     warmup: usize,
     mut cycle: impl AsyncFnMut(usize) -> Result<(), BoxError>,
 ) -> Result<Vec<Summary>, BoxError> {
-    let per = (n / ROUNDS).max(1);
+    let rounds = (n / BLOCK).max(1);
+    let per = n.div_ceil(rounds);
     for _ in 0..warmup {
         for i in 0..k {
             cycle(i).await?;
         }
     }
     let mut samples: Vec<Vec<_>> = (0..k).map(|_| Vec::with_capacity(n)).collect();
-    for _ in 0..ROUNDS {
+    for _ in 0..rounds {
         for (i, out) in samples.iter_mut().enumerate() {
-            for _ in 0..per {
+            for _ in 0..per.min(n - out.len()) {
                 let t0 = Instant::now();
                 cycle(i).await?;
                 out.push(t0.elapsed());
@@ -140,5 +142,37 @@ impl Report {
         report::chart(&svg, chart_title, &self.bars).map_err(|e| e.to_string())?;
         eprintln!("wrote {} and {}", md.display(), svg.display());
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every implementation gets exactly `n` measured cycles, in rounds of `BLOCK` that take
+    /// turns, after its warm-up.
+    #[tokio::test]
+    async fn interleaved_runs_n_cycles_each_in_alternating_blocks() {
+        for n in [1, 7, BLOCK, 2 * BLOCK + 3, 1000] {
+            let mut order = Vec::new();
+            let s = interleaved(n, 3, 2, async |i| {
+                order.push(i);
+                Ok(())
+            })
+            .await
+            .unwrap();
+            assert_eq!(s.len(), 3);
+            let (warm, measured) = order.split_at(6);
+            assert_eq!(warm, [0, 1, 2, 0, 1, 2]);
+            for i in 0..3 {
+                assert_eq!(measured.iter().filter(|&&x| x == i).count(), n, "n = {n}");
+            }
+            let longest_run = measured
+                .chunk_by(|a, b| a == b)
+                .map(<[usize]>::len)
+                .max()
+                .unwrap_or(0);
+            assert!(longest_run < 2 * BLOCK, "n = {n}: a run of {longest_run}");
+        }
     }
 }

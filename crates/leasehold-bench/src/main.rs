@@ -140,6 +140,16 @@ enum Suite {
         /// Which transports to run (comma-separated): tcp, unix.
         #[arg(long, value_delimiter = ',', default_value = "tcp,unix")]
         transports: Vec<String>,
+        /// Measurements per transport and runtime, each on new connections (so on new server
+        /// processes); the tables give the median ratio and its range.
+        #[arg(long, default_value_t = 5)]
+        repeats: usize,
+        /// Leave CPU placement to the scheduler. By default, on a machine with two CPUs or
+        /// more, the bench runs on the first CPU and PostgreSQL (the postmaster and every
+        /// backend) on the last one (`scripts/services pin`), so that which vCPU serves which
+        /// connection cannot decide the comparison; the affinity is restored at the end.
+        #[arg(long)]
+        no_pin: bool,
     },
 }
 
@@ -213,9 +223,16 @@ fn run(cli: &Cli) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     if let Suite::Postgres {
         iterations,
         ref transports,
+        repeats,
+        no_pin,
     } = cli.suite
     {
-        return pg_bench::main(cli, pg_bench::Params { iterations }, transports);
+        let p = pg_bench::Params {
+            iterations,
+            repeats,
+            pin: !no_pin,
+        };
+        return pg_bench::main(cli, p, transports);
     }
     let Suite::Redis {
         iterations,

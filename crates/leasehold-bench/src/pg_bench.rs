@@ -4,13 +4,16 @@
 
 use std::time::Duration;
 
-use leasehold_core::{LockKey, LockOptions, Locker};
+use leasehold_core::{
+    Held, LeaseMonitor, LockBackend as _, LockKey, LockOptions, LockRequest, Locker, Owner,
+};
 use leasehold_postgres::{PostgresBackend, PostgresConfig, advisory_key};
 use leasehold_test_support::services::{self, Service};
 #[cfg(feature = "peers")]
 use sqlx::Connection as _;
 #[cfg(feature = "peers")]
 use sqlx::postgres::{PgAdvisoryLock, PgConnectOptions, PgConnection};
+use tokio::time::Instant;
 #[cfg(feature = "peers")]
 use tokio_postgres::config::Host;
 use tokio_postgres::{Client, NoTls, Statement};
@@ -18,13 +21,17 @@ use tokio_postgres::{Client, NoTls, Statement};
 use crate::Cli;
 use crate::harness::{BoxError, Report, interleaved, runtime, runtimes};
 use crate::report::{Bar, Table};
-use crate::stats::{Summary, ms};
+use crate::stats::{Spread, Summary, ms};
 
 /// What one run of `leasehold-bench postgres` measures.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Params {
-    /// Sequential cycles per implementation and transport.
+    /// Sequential cycles per implementation, transport and repeat.
     pub(crate) iterations: usize,
+    /// Measurements per transport and runtime, each on new connections.
+    pub(crate) repeats: usize,
+    /// Whether to pin the bench and PostgreSQL to different CPUs (see [`Placement`]).
+    pub(crate) pin: bool,
 }
 
 /// The transport names `--transports` accepts.
@@ -42,15 +49,40 @@ enum Cycle {
     /// The raw cycle with our one-statement token: `CASE WHEN pg_try_advisory_lock($1) THEN
     /// nextval(..) END` + unlock.
     RawToken,
+    /// [`Cycle::RawToken`] on a second connection: the control row. Two identical cycles
+    /// differ only by noise and by their server processes; their ratio shows how far the
+    /// bench can be trusted.
+    RawTokenB,
+    /// [`PostgresBackend`] called through the `LockBackend` trait, without `Locker` and
+    /// `Lease`: how the cost splits between the driver and the core.
+    Driver,
     /// sqlx 0.9 `PgAdvisoryLock::try_acquire` + `PgAdvisoryLockGuard::release_now`.
     #[cfg(feature = "peers")]
     Sqlx,
 }
 
 #[cfg(feature = "peers")]
-const CYCLES: [Cycle; 4] = [Cycle::Ours, Cycle::Raw, Cycle::RawToken, Cycle::Sqlx];
+const CYCLES: [Cycle; 6] = [
+    Cycle::Ours,
+    Cycle::Raw,
+    Cycle::RawToken,
+    Cycle::RawTokenB,
+    Cycle::Driver,
+    Cycle::Sqlx,
+];
 #[cfg(not(feature = "peers"))]
-const CYCLES: [Cycle; 3] = [Cycle::Ours, Cycle::Raw, Cycle::RawToken];
+const CYCLES: [Cycle; 5] = [
+    Cycle::Ours,
+    Cycle::Raw,
+    Cycle::RawToken,
+    Cycle::RawTokenB,
+    Cycle::Driver,
+];
+
+/// Where `c` is in [`CYCLES`] (and so in each run's summaries).
+fn at(c: Cycle) -> usize {
+    CYCLES.iter().position(|x| *x == c).unwrap_or(0)
+}
 
 impl Cycle {
     fn label(self) -> &'static str {
@@ -58,6 +90,12 @@ impl Cycle {
             Self::Ours => "leasehold PostgresBackend try_acquire + release (with fencing token)",
             Self::Raw => "raw prepared pg_try_advisory_lock + pg_advisory_unlock, one connection",
             Self::RawToken => "raw prepared try-lock-with-nextval + unlock, one connection",
+            Self::RawTokenB => {
+                "control: the raw try-lock-with-nextval + unlock on a second connection"
+            }
+            Self::Driver => {
+                "leasehold PostgresBackend::try_lock + release, no Locker (driver only)"
+            }
             #[cfg(feature = "peers")]
             Self::Sqlx => "sqlx 0.9 PgAdvisoryLock try_acquire + release_now",
         }
@@ -68,6 +106,8 @@ impl Cycle {
             Self::Ours => "leasehold",
             Self::Raw => "raw try+unlock",
             Self::RawToken => "raw try+nextval+unlock",
+            Self::RawTokenB => "raw try+nextval+unlock, 2nd connection",
+            Self::Driver => "leasehold driver only",
             #[cfg(feature = "peers")]
             Self::Sqlx => "sqlx PgAdvisoryLock",
         }
@@ -77,12 +117,16 @@ impl Cycle {
 /// Everything one transport's cycles need.
 struct Fixture {
     ours: Locker,
+    /// The same backend as `ours`, called without the `Locker`.
+    driver: PostgresBackend,
+    /// A long-lived owner value for the driver's requests (the `Locker` draws one per
+    /// acquisition; PostgreSQL never sees it).
+    owner: Owner,
     key: LockKey,
-    raw: Client,
+    raw: RawConn,
+    /// A second raw connection running the same cycle: the control row.
+    raw_b: RawConn,
     raw_id: i64,
-    try_lock: Statement,
-    try_lock_token: Statement,
-    unlock: Statement,
     #[cfg(feature = "peers")]
     sqlx: PgConnection,
     #[cfg(feature = "peers")]
@@ -96,35 +140,22 @@ impl Fixture {
         let cfg = PostgresConfig::from_url(conninfo)?.with_prefix(prefix.clone())?;
         let backend = PostgresBackend::connect(cfg).await?;
         let seq = backend.config().fence_sequence_sql();
+        let driver = backend.clone();
         let ours = Locker::new(backend).with_options(LockOptions::default().with_ttl(TTL))?;
 
-        let (raw, conn) = tokio_postgres::connect(conninfo, NoTls).await?;
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                eprintln!("leasehold-bench: raw connection ended: {e}");
-            }
-        });
-        let try_lock = raw
-            .prepare("SELECT pg_try_advisory_lock($1::bigint)")
-            .await?;
-        let try_lock_token = raw
-            .prepare(&format!(
-                "SELECT CASE WHEN pg_try_advisory_lock($1::bigint) THEN nextval('{}') END",
-                seq.replace('\'', "''")
-            ))
-            .await?;
-        let unlock = raw.prepare("SELECT pg_advisory_unlock($1::bigint)").await?;
+        let raw = RawConn::connect(conninfo, &seq).await?;
+        let raw_b = RawConn::connect(conninfo, &seq).await?;
 
         #[cfg(feature = "peers")]
         let sqlx = PgConnection::connect_with(&sqlx_options(conninfo)?).await?;
         Ok(Self {
             ours,
+            driver,
+            owner: Owner::random()?,
             key: LockKey::new("cycle")?,
             raw,
+            raw_b,
             raw_id: advisory_key(&format!("{prefix}raw")),
-            try_lock,
-            try_lock_token,
-            unlock,
             #[cfg(feature = "peers")]
             sqlx,
             #[cfg(feature = "peers")]
@@ -144,28 +175,24 @@ impl Fixture {
                     return Err("ours: release reported the lock not held".into());
                 }
             }
-            Cycle::Raw | Cycle::RawToken => {
-                let id = self.raw_id;
-                let granted = if which == Cycle::Raw {
-                    self.raw
-                        .query_one(&self.try_lock, &[&id])
-                        .await?
-                        .try_get::<_, bool>(0)?
-                } else {
-                    self.raw
-                        .query_one(&self.try_lock_token, &[&id])
-                        .await?
-                        .try_get::<_, Option<i64>>(0)?
-                        .is_some()
-                };
-                if !granted {
-                    return Err("raw: an uncontended key was not granted".into());
-                }
-                let unlocked: bool = self.raw.query_one(&self.unlock, &[&id]).await?.try_get(0)?;
-                if !unlocked {
-                    return Err("raw: unlock reported the lock not held".into());
+            Cycle::Driver => {
+                let monitor = LeaseMonitor::detached();
+                let ttl = TTL;
+                let req = LockRequest::new(&self.key, &self.owner, ttl, Instant::now(), &monitor);
+                let grant = self
+                    .driver
+                    .try_lock(req)
+                    .await?
+                    .ok_or("driver: an uncontended key was not granted")?;
+                let state = grant.state.as_deref().map(|s| s as _);
+                let held = Held::new(&self.key, &self.owner, grant.fencing, state);
+                if !self.driver.release(held).await? {
+                    return Err("driver: release reported the lock not held".into());
                 }
             }
+            Cycle::Raw => self.raw.cycle(self.raw_id, false).await?,
+            Cycle::RawToken => self.raw.cycle(self.raw_id, true).await?,
+            Cycle::RawTokenB => self.raw_b.cycle(self.raw_id, true).await?,
             #[cfg(feature = "peers")]
             Cycle::Sqlx => match self.sqlx_lock.try_acquire(&mut self.sqlx).await? {
                 sqlx::Either::Left(guard) => {
@@ -175,6 +202,72 @@ impl Fixture {
                     return Err("sqlx: an uncontended key was not granted".into());
                 }
             },
+        }
+        Ok(())
+    }
+}
+
+/// One plain tokio-postgres connection with the raw cycle's prepared statements.
+struct RawConn {
+    client: Client,
+    try_lock: Statement,
+    try_lock_token: Statement,
+    unlock: Statement,
+}
+
+impl RawConn {
+    /// Connects; `seq` is the fencing sequence (as SQL) for the cycle with a token.
+    async fn connect(conninfo: &str, seq: &str) -> Result<Self, BoxError> {
+        let (client, conn) = tokio_postgres::connect(conninfo, NoTls).await?;
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                eprintln!("leasehold-bench: raw connection ended: {e}");
+            }
+        });
+        let try_lock = client
+            .prepare("SELECT pg_try_advisory_lock($1::bigint)")
+            .await?;
+        let try_lock_token = client
+            .prepare(&format!(
+                "SELECT CASE WHEN pg_try_advisory_lock($1::bigint) THEN nextval('{}') END",
+                seq.replace('\'', "''")
+            ))
+            .await?;
+        let unlock = client
+            .prepare("SELECT pg_advisory_unlock($1::bigint)")
+            .await?;
+        Ok(Self {
+            client,
+            try_lock,
+            try_lock_token,
+            unlock,
+        })
+    }
+
+    /// Try-lock (minting a token if `token`) + unlock of `id`.
+    async fn cycle(&self, id: i64, token: bool) -> Result<(), BoxError> {
+        let granted = if token {
+            self.client
+                .query_one(&self.try_lock_token, &[&id])
+                .await?
+                .try_get::<_, Option<i64>>(0)?
+                .is_some()
+        } else {
+            self.client
+                .query_one(&self.try_lock, &[&id])
+                .await?
+                .try_get::<_, bool>(0)?
+        };
+        if !granted {
+            return Err("raw: an uncontended key was not granted".into());
+        }
+        let unlocked: bool = self
+            .client
+            .query_one(&self.unlock, &[&id])
+            .await?
+            .try_get(0)?;
+        if !unlocked {
+            return Err("raw: unlock reported the lock not held".into());
         }
         Ok(())
     }
@@ -205,59 +298,159 @@ pub(crate) fn sqlx_options(conninfo: &str) -> Result<PgConnectOptions, BoxError>
     Ok(opts)
 }
 
-/// One transport, on the current runtime: a table and the chart's bars.
+/// One transport, on the current runtime: `p.repeats` measurements, each on new connections
+/// (so on new server processes); a table of the medians over the repeats, and the chart's bars.
 async fn transport(
     p: Params,
     rt: &str,
     name: &str,
     conninfo: &str,
+    placement: &str,
 ) -> Result<(Table, Vec<Bar>), BoxError> {
-    let mut fx = Fixture::new(conninfo).await?;
     // Warm-up: idle sessions, prepared statements, the server's caches.
     let warmup = (p.iterations / 10).clamp(1, 50);
-    let s = interleaved(p.iterations, CYCLES.len(), warmup, async |i| {
-        fx.cycle(CYCLES[i]).await
-    })
-    .await?;
+    let repeats = p.repeats.max(1);
+    let mut runs = Vec::with_capacity(repeats);
+    for _ in 0..repeats {
+        let mut fx = Fixture::new(conninfo).await?;
+        let s = interleaved(p.iterations, CYCLES.len(), warmup, async |i| {
+            fx.cycle(CYCLES[i]).await
+        })
+        .await?;
+        runs.push(s);
+    }
+    let median_of = |f: &dyn Fn(&[Summary]) -> f64| {
+        let mut xs: Vec<f64> = runs.iter().map(|r| f(r)).collect();
+        Spread::of(&mut xs)
+    };
     let mut t = Table::new(
         &format!(
-            "PostgreSQL over {name}: lock + unlock cycle ({rt} runtime, {} cycles each)",
+            "PostgreSQL over {name}: lock + unlock cycle ({rt} runtime, {} cycles each, \
+             {repeats} repeats)",
             p.iterations
         ),
-        &["implementation", "p50", "p99", "cycles/s", "p50 vs raw"],
+        &[
+            "implementation",
+            "p50",
+            "p99",
+            "cycles/s",
+            "p50 vs raw (median [range] of repeats)",
+        ],
     );
-    let raw_p50 = s[1].p50.as_secs_f64();
-    let ratio = |x: &Summary| x.p50.as_secs_f64() / raw_p50;
+    let raw = at(Cycle::Raw);
     let mut bars = Vec::new();
-    for (c, x) in CYCLES.iter().zip(&s) {
+    for (i, c) in CYCLES.iter().enumerate() {
+        let p50 = median_of(&|r| r[i].p50.as_secs_f64());
+        let p99 = median_of(&|r| r[i].p99.as_secs_f64());
+        let rate = median_of(&|r| r[i].per_sec);
+        let ratio = median_of(&|r| r[i].p50.as_secs_f64() / r[raw].p50.as_secs_f64());
         t.row(vec![
             c.label().to_owned(),
-            ms(x.p50),
-            ms(x.p99),
-            format!("{:.0}", x.per_sec),
-            format!("{:.2}×", ratio(x)),
+            secs_ms(p50.median),
+            secs_ms(p99.median),
+            format!("{:.0}", rate.median),
+            ratio.times(),
         ]);
         bars.push(Bar {
             label: format!("pg {name}: {} ({rt})", c.short()),
-            ms: x.p50.as_secs_f64() * 1e3,
+            ms: p50.median * 1e3,
         });
     }
+    let ours = at(Cycle::Ours);
+    let token = at(Cycle::RawToken);
+    let vs = |a: usize, b: usize| median_of(&|r| r[a].p50.as_secs_f64() / r[b].p50.as_secs_f64());
     t.note(format!(
-        "Ours / raw prepared try + unlock, p50: **{:.3}×** (target ≤ 1.1×); ours / raw with the \
-         same one-statement token: **{:.3}×**. Ours returns a fencing token, registers a health \
-         check for the lease and checks `pg_advisory_unlock`'s answer; the raw cycles do the \
-         last only.",
-        ratio(&s[0]),
-        s[0].p50.as_secs_f64() / s[2].p50.as_secs_f64(),
+        "Ours / raw prepared try + unlock, p50: **{}** (target ≤ 1.1×); ours / raw with the \
+         same one-statement token: **{}** (the driver alone, without `Locker`: **{}**); \
+         control, the raw cycle with token on a second connection / on the first: **{}**. \
+         Each repeat measures every implementation in alternating rounds on new connections; \
+         figures are medians over the repeats, with their range. Ours returns a fencing \
+         token, registers a health check for the lease and checks `pg_advisory_unlock`'s \
+         answer; the raw cycles do the last only. {placement}",
+        vs(ours, raw).times(),
+        vs(ours, token).times(),
+        vs(at(Cycle::Driver), token).times(),
+        vs(at(Cycle::RawTokenB), token).times(),
     ));
     #[cfg(feature = "peers")]
     t.note(format!(
-        "sqlx PgAdvisoryLock / raw: **{:.3}×**.",
-        ratio(&s[3])
+        "sqlx PgAdvisoryLock / raw: **{}**.",
+        vs(at(Cycle::Sqlx), raw).times()
     ));
     #[cfg(not(feature = "peers"))]
     t.note("Peer crates (sqlx's PgAdvisoryLock) not measured: build with `--features peers` to include them.".to_owned());
     Ok((t, bars))
+}
+
+fn secs_ms(secs: f64) -> String {
+    ms(Duration::from_secs_f64(secs))
+}
+
+/// Where the bench and the server run: on a machine with two CPUs or more, the bench on the
+/// first CPU it may use and PostgreSQL (postmaster and backends, via `scripts/services pin`) on
+/// the last, restored to every CPU when dropped. On a 2-vCPU machine the ratio of two cycles
+/// otherwise depends on which vCPU the scheduler gives each connection's server process (two
+/// identical raw connections were seen 0.5–1.9× apart).
+struct Placement {
+    /// Said under every table.
+    note: String,
+    pinned: bool,
+}
+
+impl Placement {
+    fn new(pin: bool) -> Result<Self, BoxError> {
+        use nix::sched::{CpuSet, sched_getaffinity, sched_setaffinity};
+        use nix::unistd::Pid;
+        if !pin {
+            return Ok(Self {
+                note: "CPU placement left to the scheduler (`--no-pin`).".to_owned(),
+                pinned: false,
+            });
+        }
+        let allowed = sched_getaffinity(Pid::from_raw(0))?;
+        let cpus: Vec<usize> = (0..CpuSet::count())
+            .filter(|&c| allowed.is_set(c).unwrap_or(false))
+            .collect();
+        let (Some(&client), Some(&server)) = (cpus.first(), cpus.last()) else {
+            return Err("no CPU in this process's affinity mask".into());
+        };
+        if client == server {
+            return Ok(Self {
+                note: "One CPU: the bench and PostgreSQL share it.".to_owned(),
+                pinned: false,
+            });
+        }
+        let rt = runtime("current-thread")?;
+        rt.block_on(services::pin_node("postgres", &server.to_string()))?;
+        let placement = Self {
+            note: format!(
+                "The bench ran on CPU {client}, PostgreSQL (postmaster and backends) on CPU \
+                 {server}."
+            ),
+            pinned: true,
+        };
+        // The runtimes are built after this: their threads inherit the main thread's mask.
+        let mut mine = CpuSet::new();
+        mine.set(client)?;
+        sched_setaffinity(Pid::from_raw(0), &mine)?;
+        Ok(placement)
+    }
+}
+
+impl Drop for Placement {
+    fn drop(&mut self) {
+        if !self.pinned {
+            return;
+        }
+        let restored = runtime("current-thread")
+            .and_then(|rt| Ok(rt.block_on(services::pin_node("postgres", "all"))?));
+        if let Err(e) = restored {
+            eprintln!(
+                "leasehold-bench: could not restore PostgreSQL's CPU affinity ({e}); \
+                 run `scripts/services pin postgres all`"
+            );
+        }
+    }
 }
 
 /// `leasehold-bench postgres`: the chosen transports on the chosen runtimes; prints Markdown
@@ -268,6 +461,7 @@ pub(crate) fn main(cli: &Cli, p: Params, transports: &[String]) -> Result<(), Bo
             return Err(format!("unknown transport {t:?}; expected some of {TRANSPORTS:?}").into());
         }
     }
+    let placement = Placement::new(p.pin)?;
     let mut report = Report::new("postgres");
     for flavour in runtimes(cli.runtime) {
         let rt = runtime(flavour)?;
@@ -279,7 +473,7 @@ pub(crate) fn main(cli: &Cli, p: Params, transports: &[String]) -> Result<(), Bo
                 continue;
             }
             let conninfo = services::lookup(service)?.url().to_owned();
-            let (t, b) = rt.block_on(transport(p, flavour, name, &conninfo))?;
+            let (t, b) = rt.block_on(transport(p, flavour, name, &conninfo, &placement.note))?;
             report.table(&t);
             report.bars(b);
         }

@@ -34,6 +34,48 @@ impl Summary {
     }
 }
 
+/// The median and range of a few figures (one per repeat of a measurement).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Spread {
+    pub(crate) median: f64,
+    pub(crate) min: f64,
+    pub(crate) max: f64,
+}
+
+impl Spread {
+    /// Of `xs` (sorted in place; NaN sorts last). All zero when empty.
+    pub(crate) fn of(xs: &mut [f64]) -> Self {
+        xs.sort_by(f64::total_cmp);
+        let n = xs.len();
+        if n == 0 {
+            return Self {
+                median: 0.0,
+                min: 0.0,
+                max: 0.0,
+            };
+        }
+        let median = if n % 2 == 1 {
+            xs[n / 2]
+        } else {
+            (xs[n / 2 - 1] + xs[n / 2]) / 2.0
+        };
+        Self {
+            median,
+            min: xs[0],
+            max: xs[n - 1],
+        }
+    }
+
+    /// As a ratio: `1.07× [1.02–1.11×]` (no range for a single figure).
+    pub(crate) fn times(&self) -> String {
+        if self.min == self.max {
+            format!("{:.3}×", self.median)
+        } else {
+            format!("{:.3}× [{:.2}–{:.2}×]", self.median, self.min, self.max)
+        }
+    }
+}
+
 /// Formats a duration in ms with three decimals.
 pub(crate) fn ms(d: Duration) -> String {
     format!("{:.3} ms", d.as_secs_f64() * 1e3)
@@ -96,5 +138,22 @@ impl Contention {
             straight_back_pct: 100.0 * same as f64 / grants.len().saturating_sub(1).max(1) as f64,
             overlap,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spread_gives_median_and_range() {
+        let s = Spread::of(&mut [1.3, 1.1, 1.2]);
+        assert_eq!((s.median, s.min, s.max), (1.2, 1.1, 1.3));
+        let s = Spread::of(&mut [1.4, 1.0, 1.2, 1.1]);
+        assert!((s.median - 1.15).abs() < 1e-12, "{s:?}");
+        assert_eq!(s.times(), "1.150× [1.00–1.40×]");
+        assert_eq!(Spread::of(&mut [1.0]).times(), "1.000×");
+        let empty = Spread::of(&mut []);
+        assert_eq!((empty.median, empty.min, empty.max), (0.0, 0.0, 0.0));
     }
 }
