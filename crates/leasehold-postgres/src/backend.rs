@@ -1,6 +1,5 @@
 //! The backend: sessions, the idle pool, grants and their health checks.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
@@ -50,7 +49,7 @@ struct Shared {
     /// Whether the idle-session reaper runs (see [`Shared::start_reaper`]).
     reaper_started: AtomicBool,
     /// Advisory-lock ids of recently used keys (see [`PostgresBackend::lock_id`]).
-    ids: Mutex<HashMap<LockKey, i64>>,
+    ids: Mutex<foldhash::HashMap<LockKey, i64>>,
 }
 
 impl fmt::Debug for PostgresBackend {
@@ -68,7 +67,7 @@ impl Shared {
         self.idle.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn ids(&self) -> MutexGuard<'_, HashMap<LockKey, i64>> {
+    fn ids(&self) -> MutexGuard<'_, foldhash::HashMap<LockKey, i64>> {
         self.ids.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -102,27 +101,40 @@ impl Shared {
     /// Returns a session that holds no lock to the idle pool, and closes the idle sessions
     /// that went unused for the idle timeout or exceed `max_idle_sessions` (oldest first).
     fn checkin(self: &Arc<Self>, s: Session) {
-        if !s.is_closed() {
-            self.idle().push((s, Instant::now()));
+        let now = Instant::now();
+        let reuse = !s.is_closed();
+        let closing = {
+            let mut idle = self.idle();
+            if reuse {
+                idle.push((s, now));
+            }
+            self.expired(&mut idle, now)
+        };
+        drop(closing); // outside the lock: dropping a session closes its connection
+        if reuse {
             self.start_reaper();
         }
-        self.prune();
     }
 
     /// Closes the idle sessions unused for the idle timeout, and the oldest ones beyond
     /// `max_idle_sessions`.
     fn prune(&self) {
-        let now = Instant::now();
-        let closing: Vec<(Session, Instant)> = {
-            let mut idle = self.idle();
-            let stale = idle
-                .iter()
-                .take_while(|(_, since)| now.duration_since(*since) > self.cfg.idle_timeout)
-                .count();
-            let excess = idle.len().saturating_sub(self.cfg.max_idle_sessions);
-            idle.drain(..stale.max(excess)).collect()
-        };
+        let closing = self.expired(&mut self.idle(), Instant::now());
         drop(closing); // outside the lock: dropping a session closes its connection
+    }
+
+    /// Takes out of `idle` the sessions unused for the idle timeout at `now`, and the oldest
+    /// ones beyond `max_idle_sessions`, for the caller to drop outside the lock.
+    fn expired(&self, idle: &mut Vec<(Session, Instant)>, now: Instant) -> Vec<(Session, Instant)> {
+        let stale = idle
+            .iter()
+            .take_while(|(_, since)| now.duration_since(*since) > self.cfg.idle_timeout)
+            .count();
+        let excess = idle.len().saturating_sub(self.cfg.max_idle_sessions);
+        match stale.max(excess) {
+            0 => Vec::new(),
+            n => idle.drain(..n).collect(),
+        }
     }
 
     /// Starts, once per backend, the task that closes idle sessions past the idle timeout
@@ -170,7 +182,7 @@ impl PostgresBackend {
                 gates: Arc::new(Gates::default()),
                 opened: AtomicU64::new(0),
                 reaper_started: AtomicBool::new(false),
-                ids: Mutex::new(HashMap::new()),
+                ids: Mutex::new(foldhash::HashMap::default()),
             }),
         }
     }
@@ -223,7 +235,12 @@ impl PostgresBackend {
     /// Runs `f` on a session, retrying once on a fresh session if a pooled one turns out to be
     /// closed (after a server restart the pool holds dead sessions; a closed session holds no
     /// lock, so retrying cannot double-grant).
-    async fn one_try(&self, id: i64, gate: Gate) -> Result<TryOutcome, Error> {
+    ///
+    /// `asked`: when the caller's request began (before the gate and the checkout); on a
+    /// pooled session it serves as the instant the statement left, which it precedes by
+    /// microseconds (a validity counted from earlier is only more cautious). After a fresh
+    /// connect, the clock is read again.
+    async fn one_try(&self, id: i64, gate: Gate, asked: Instant) -> Result<TryOutcome, Error> {
         let mut gate = Some(gate);
         let mut allow_idle = true;
         loop {
@@ -237,7 +254,7 @@ impl PostgresBackend {
             };
             // The validity starts when the lock statement leaves, not before a connect that
             // may have preceded it: the grant's life is tied to this session only.
-            let sent = Instant::now();
+            let sent = if fresh { Instant::now() } else { asked };
             let r = match pending.session.as_ref() {
                 Some(s) => s.try_lock(id).await,
                 None => return Err(internal("session vanished")),
@@ -578,7 +595,7 @@ impl LockBackend for PostgresBackend {
         let Some(gate) = self.shared.gates.try_enter(id) else {
             return Ok(None);
         };
-        match self.one_try(id, gate).await? {
+        match self.one_try(id, gate, req.started).await? {
             TryOutcome::Granted(s, g, token, sent) => {
                 Ok(Some(self.grant(req.monitor, id, s, g, token, sent)))
             }
@@ -596,7 +613,7 @@ impl LockBackend for PostgresBackend {
             return Ok(Waited::new(None, 1));
         };
         // First a try: one round trip when the lock is free.
-        let (session, gate) = match self.one_try(id, gate).await? {
+        let (session, gate) = match self.one_try(id, gate, req.started).await? {
             TryOutcome::Granted(s, g, token, sent) => {
                 let grant = self.grant(req.monitor, id, s, g, token, sent);
                 return Ok(Waited::new(Some(grant), 1));
