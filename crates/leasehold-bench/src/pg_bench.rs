@@ -59,16 +59,20 @@ enum Cycle {
     /// sqlx 0.9 `PgAdvisoryLock::try_acquire` + `PgAdvisoryLockGuard::release_now`.
     #[cfg(feature = "peers")]
     Sqlx,
+    /// distributed-lock-postgres 0.2 `try_acquire` + `release` (its own sqlx 0.8 pool).
+    #[cfg(feature = "peers")]
+    DlPostgres,
 }
 
 #[cfg(feature = "peers")]
-const CYCLES: [Cycle; 6] = [
+const CYCLES: [Cycle; 7] = [
     Cycle::Ours,
     Cycle::Raw,
     Cycle::RawToken,
     Cycle::RawTokenB,
     Cycle::Driver,
     Cycle::Sqlx,
+    Cycle::DlPostgres,
 ];
 #[cfg(not(feature = "peers"))]
 const CYCLES: [Cycle; 5] = [
@@ -98,6 +102,8 @@ impl Cycle {
             }
             #[cfg(feature = "peers")]
             Self::Sqlx => "sqlx 0.9 PgAdvisoryLock try_acquire + release_now",
+            #[cfg(feature = "peers")]
+            Self::DlPostgres => "distributed-lock-postgres 0.2 try_acquire + release",
         }
     }
 
@@ -110,6 +116,8 @@ impl Cycle {
             Self::Driver => "leasehold driver only",
             #[cfg(feature = "peers")]
             Self::Sqlx => "sqlx PgAdvisoryLock",
+            #[cfg(feature = "peers")]
+            Self::DlPostgres => "distributed-lock-postgres",
         }
     }
 }
@@ -131,6 +139,8 @@ struct Fixture {
     sqlx: PgConnection,
     #[cfg(feature = "peers")]
     sqlx_lock: PgAdvisoryLock,
+    #[cfg(feature = "peers")]
+    dl: crate::perf::peers::DlPostgres,
 }
 
 impl Fixture {
@@ -148,6 +158,12 @@ impl Fixture {
 
         #[cfg(feature = "peers")]
         let sqlx = PgConnection::connect_with(&sqlx_options(conninfo)?).await?;
+        #[cfg(feature = "peers")]
+        let dl = crate::perf::peers::DlPostgres::connect(
+            &crate::perf::peers::sqlx08_url(conninfo, "leasehold-bench")?,
+            format!("{prefix}dl/"),
+        )
+        .await?;
         Ok(Self {
             ours,
             driver,
@@ -160,6 +176,8 @@ impl Fixture {
             sqlx,
             #[cfg(feature = "peers")]
             sqlx_lock: PgAdvisoryLock::new(format!("{prefix}sqlx")),
+            #[cfg(feature = "peers")]
+            dl,
         })
     }
 
@@ -202,6 +220,10 @@ impl Fixture {
                     return Err("sqlx: an uncontended key was not granted".into());
                 }
             },
+            #[cfg(feature = "peers")]
+            Cycle::DlPostgres => {
+                crate::perf::subject::Client::cycle(&self.dl, "cycle").await?;
+            }
         }
         Ok(())
     }
@@ -374,11 +396,14 @@ async fn transport(
     ));
     #[cfg(feature = "peers")]
     t.note(format!(
-        "sqlx PgAdvisoryLock / raw: **{}**.",
-        vs(at(Cycle::Sqlx), raw).times()
+        "sqlx PgAdvisoryLock / raw: **{}**; distributed-lock-postgres / raw: **{}**; ours / \
+         distributed-lock-postgres: **{}**.",
+        vs(at(Cycle::Sqlx), raw).times(),
+        vs(at(Cycle::DlPostgres), raw).times(),
+        vs(ours, at(Cycle::DlPostgres)).times(),
     ));
     #[cfg(not(feature = "peers"))]
-    t.note("Peer crates (sqlx's PgAdvisoryLock) not measured: build with `--features peers` to include them.".to_owned());
+    t.note("Peer crates (sqlx's PgAdvisoryLock, distributed-lock-postgres) not measured: build with `--features peers` to include them.".to_owned());
     Ok((t, bars))
 }
 

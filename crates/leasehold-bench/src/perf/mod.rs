@@ -18,8 +18,8 @@
 
 mod charts;
 #[cfg(feature = "peers")]
-mod peers;
-mod subject;
+pub(crate) mod peers;
+pub(crate) mod subject;
 
 use std::fmt::Write as _;
 use std::path::Path;
