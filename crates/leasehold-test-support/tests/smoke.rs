@@ -334,6 +334,33 @@ async fn pin_node_sets_and_restores_the_cpu_affinity() -> TestResult {
     Ok(())
 }
 
+/// Another port base over the same state dir cannot work (etcd members keep their peer URLs);
+/// the script refuses it before touching anything, and says how to get out.
+#[tokio::test]
+async fn services_refuse_another_port_base_over_the_same_state() -> TestResult {
+    let redis = require_service!(Service::Redis, Ok(()));
+    let base = redis.addr().ok_or("no Redis address")?.port();
+    let mut cmd = tokio::process::Command::new("bash");
+    cmd.arg(services::services_script())
+        .args(["start", "redis"])
+        .env("LEASEHOLD_PORT_BASE", (base + 1000).to_string())
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true);
+    if let Some(dir) = services::var(services::SERVICES_DIR_VAR) {
+        cmd.env(services::SERVICES_DIR_VAR, dir);
+    }
+    let out = timeout(OP_TIMEOUT, cmd.output()).await??;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "accepted another base: {stderr}");
+    assert!(
+        stderr.contains(&format!("made with LEASEHOLD_PORT_BASE={base}"))
+            && stderr.contains("clean"),
+        "{stderr}"
+    );
+    redis_ping(redis.addr().ok_or("no Redis address")?, OP_TIMEOUT).await?;
+    Ok(())
+}
+
 /// The throwaway CA of the harness's TLS servers: configured, and a PEM certificate.
 fn assert_tls_ca() -> TestResult {
     let ca =
