@@ -16,10 +16,10 @@ use sqlx::postgres::{PgAdvisoryLock, PgConnectOptions, PgConnection};
 use tokio::time::Instant;
 #[cfg(feature = "peers")]
 use tokio_postgres::config::Host;
-use tokio_postgres::{Client, NoTls, Statement};
 
 use crate::Cli;
 use crate::harness::{BoxError, Report, interleaved, runtime, runtimes};
+use crate::perf::subject::RawPg;
 use crate::report::{Bar, Table};
 use crate::stats::{Spread, Summary, ms};
 
@@ -38,6 +38,9 @@ pub(crate) struct Params {
 pub(crate) const TRANSPORTS: [&str; 2] = ["tcp", "unix"];
 
 const TTL: Duration = Duration::from_secs(30);
+
+/// The `application_name` of the raw connections.
+const RAW_APP: &str = "leasehold-bench-raw";
 
 /// The cycles measured, in the order they run in each round.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -131,9 +134,9 @@ struct Fixture {
     /// acquisition; PostgreSQL never sees it).
     owner: Owner,
     key: LockKey,
-    raw: RawConn,
+    raw: RawPg,
     /// A second raw connection running the same cycle: the control row.
-    raw_b: RawConn,
+    raw_b: RawPg,
     raw_id: i64,
     #[cfg(feature = "peers")]
     sqlx: PgConnection,
@@ -153,8 +156,9 @@ impl Fixture {
         let driver = backend.clone();
         let ours = Locker::new(backend).with_options(LockOptions::default().with_ttl(TTL))?;
 
-        let raw = RawConn::connect(conninfo, &seq).await?;
-        let raw_b = RawConn::connect(conninfo, &seq).await?;
+        let raw = RawPg::connect_with_token(conninfo, RAW_APP, prefix.clone(), Some(&seq)).await?;
+        let raw_b =
+            RawPg::connect_with_token(conninfo, RAW_APP, prefix.clone(), Some(&seq)).await?;
 
         #[cfg(feature = "peers")]
         let sqlx = PgConnection::connect_with(&sqlx_options(conninfo)?).await?;
@@ -208,9 +212,9 @@ impl Fixture {
                     return Err("driver: release reported the lock not held".into());
                 }
             }
-            Cycle::Raw => self.raw.cycle(self.raw_id, false).await?,
-            Cycle::RawToken => self.raw.cycle(self.raw_id, true).await?,
-            Cycle::RawTokenB => self.raw_b.cycle(self.raw_id, true).await?,
+            Cycle::Raw => self.raw.cycle_id(self.raw_id, false).await?,
+            Cycle::RawToken => self.raw.cycle_id(self.raw_id, true).await?,
+            Cycle::RawTokenB => self.raw_b.cycle_id(self.raw_id, true).await?,
             #[cfg(feature = "peers")]
             Cycle::Sqlx => match self.sqlx_lock.try_acquire(&mut self.sqlx).await? {
                 sqlx::Either::Left(guard) => {
@@ -224,72 +228,6 @@ impl Fixture {
             Cycle::DlPostgres => {
                 crate::perf::subject::Client::cycle(&self.dl, "cycle").await?;
             }
-        }
-        Ok(())
-    }
-}
-
-/// One plain tokio-postgres connection with the raw cycle's prepared statements.
-struct RawConn {
-    client: Client,
-    try_lock: Statement,
-    try_lock_token: Statement,
-    unlock: Statement,
-}
-
-impl RawConn {
-    /// Connects; `seq` is the fencing sequence (as SQL) for the cycle with a token.
-    async fn connect(conninfo: &str, seq: &str) -> Result<Self, BoxError> {
-        let (client, conn) = tokio_postgres::connect(conninfo, NoTls).await?;
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                eprintln!("leasehold-bench: raw connection ended: {e}");
-            }
-        });
-        let try_lock = client
-            .prepare("SELECT pg_try_advisory_lock($1::bigint)")
-            .await?;
-        let try_lock_token = client
-            .prepare(&format!(
-                "SELECT CASE WHEN pg_try_advisory_lock($1::bigint) THEN nextval('{}') END",
-                seq.replace('\'', "''")
-            ))
-            .await?;
-        let unlock = client
-            .prepare("SELECT pg_advisory_unlock($1::bigint)")
-            .await?;
-        Ok(Self {
-            client,
-            try_lock,
-            try_lock_token,
-            unlock,
-        })
-    }
-
-    /// Try-lock (minting a token if `token`) + unlock of `id`.
-    async fn cycle(&self, id: i64, token: bool) -> Result<(), BoxError> {
-        let granted = if token {
-            self.client
-                .query_one(&self.try_lock_token, &[&id])
-                .await?
-                .try_get::<_, Option<i64>>(0)?
-                .is_some()
-        } else {
-            self.client
-                .query_one(&self.try_lock, &[&id])
-                .await?
-                .try_get::<_, bool>(0)?
-        };
-        if !granted {
-            return Err("raw: an uncontended key was not granted".into());
-        }
-        let unlocked: bool = self
-            .client
-            .query_one(&self.unlock, &[&id])
-            .await?
-            .try_get(0)?;
-        if !unlocked {
-            return Err("raw: unlock reported the lock not held".into());
         }
         Ok(())
     }

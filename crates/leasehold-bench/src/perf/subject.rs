@@ -412,10 +412,14 @@ impl Client for RawRedis {
 // ----------------------------------------------------------------------- raw PostgreSQL
 
 /// The raw PostgreSQL cycle on one connection: prepared `pg_try_advisory_lock` +
-/// `pg_advisory_unlock`; waiting is `pg_advisory_lock` under `lock_timeout`.
+/// `pg_advisory_unlock`; waiting is `pg_advisory_lock` under `lock_timeout`. With a fencing
+/// sequence, also the try-lock that mints a token in the same statement (`leasehold-bench
+/// postgres`).
 pub(crate) struct RawPg {
     client: tokio_postgres::Client,
     try_lock: tokio_postgres::Statement,
+    /// `CASE WHEN pg_try_advisory_lock($1) THEN nextval(<seq>) END`, if a sequence was given.
+    try_lock_token: Option<tokio_postgres::Statement>,
     lock: tokio_postgres::Statement,
     unlock: tokio_postgres::Statement,
     prefix: String,
@@ -428,29 +432,73 @@ impl RawPg {
         app: &str,
         prefix: String,
     ) -> Result<Self, BoxError> {
+        Self::connect_with_token(conninfo, app, prefix, None).await
+    }
+
+    /// Also prepares the try-lock with a token from `seq` (a sequence, as SQL).
+    pub(crate) async fn connect_with_token(
+        conninfo: &str,
+        app: &str,
+        prefix: String,
+        seq: Option<&str>,
+    ) -> Result<Self, BoxError> {
         let mut cfg: tokio_postgres::Config = conninfo.parse()?;
         cfg.application_name(app);
         let (client, conn) = cfg.connect(tokio_postgres::NoTls).await?;
         let task = tokio::spawn(async move {
             let _ = conn.await;
         });
-        let try_lock = client
-            .prepare("SELECT pg_try_advisory_lock($1::bigint)")
-            .await?;
-        let lock = client
-            .prepare("SELECT pg_advisory_lock($1::bigint)")
-            .await?;
-        let unlock = client
-            .prepare("SELECT pg_advisory_unlock($1::bigint)")
-            .await?;
+        let prepare = |sql: &'static str| client.prepare(sql);
+        let (try_lock, lock, unlock) = tokio::try_join!(
+            prepare("SELECT pg_try_advisory_lock($1::bigint)"),
+            prepare("SELECT pg_advisory_lock($1::bigint)"),
+            prepare("SELECT pg_advisory_unlock($1::bigint)"),
+        )?;
+        let try_lock_token = match seq {
+            Some(seq) => Some(
+                client
+                    .prepare(&format!(
+                        "SELECT CASE WHEN pg_try_advisory_lock($1::bigint) THEN nextval('{}') END",
+                        seq.replace('\'', "''")
+                    ))
+                    .await?,
+            ),
+            None => None,
+        };
         Ok(Self {
             client,
             try_lock,
+            try_lock_token,
             lock,
             unlock,
             prefix,
             task,
         })
+    }
+
+    /// One uncontended cycle on advisory-lock id `id`: try-lock (minting a token if `token`;
+    /// an error without a sequence) + unlock.
+    pub(crate) async fn cycle_id(&self, id: i64, token: bool) -> Result<(), BoxError> {
+        let granted = if token {
+            let stmt = self
+                .try_lock_token
+                .as_ref()
+                .ok_or("no fencing sequence was given for the cycle with a token")?;
+            self.client
+                .query_one(stmt, &[&id])
+                .await?
+                .try_get::<_, Option<i64>>(0)?
+                .is_some()
+        } else {
+            self.client
+                .query_one(&self.try_lock, &[&id])
+                .await?
+                .try_get::<_, bool>(0)?
+        };
+        if !granted {
+            return Err("an uncontended key was not granted".into());
+        }
+        self.unlock(id).await
     }
 
     async fn unlock(&self, id: i64) -> Result<(), BoxError> {
@@ -476,15 +524,7 @@ impl Client for RawPg {
     fn cycle<'a>(&'a self, key: &'a str) -> BoxFut<'a, Result<(), BoxError>> {
         Box::pin(async move {
             let id = advisory_key(&format!("{}{key}", self.prefix));
-            let granted: bool = self
-                .client
-                .query_one(&self.try_lock, &[&id])
-                .await?
-                .try_get(0)?;
-            if !granted {
-                return Err("an uncontended key was not granted".into());
-            }
-            self.unlock(id).await
+            self.cycle_id(id, false).await
         })
     }
 
