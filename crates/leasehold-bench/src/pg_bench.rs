@@ -1,6 +1,9 @@
 //! PostgreSQL: our try-acquire + release cycle (with its fencing token) against the raw
-//! prepared `pg_try_advisory_lock` + `pg_advisory_unlock` cycle on one connection, and
-//! against sqlx's `PgAdvisoryLock`, over TCP and over the unix socket of `scripts/services`.
+//! prepared `pg_try_advisory_lock` + `pg_advisory_unlock` cycle on one connection (with and
+//! without the token, and on a second connection as a control), our driver without `Locker`,
+//! and with `--features peers` sqlx's `PgAdvisoryLock` and distributed-lock-postgres, over TCP
+//! and over the unix socket of `scripts/services`. The bench and the server are pinned to
+//! different CPUs ([`Placement`]) and every cell is measured `--repeats` times.
 
 use std::time::Duration;
 
