@@ -77,6 +77,7 @@ inline leave_line(c) {
 
 inline grant(me) {
     holder = me + 1; lock_exp = now + TTL; got = 1;
+    printf("MSC: t=%d client %d: granted\n", now, me);
     waiting[me] = false; overtaken[me] = 0;
     j = 0;
     do
@@ -87,8 +88,7 @@ inline grant(me) {
        fi;
        j++
     :: else -> break
-    od;
-    printf("MSC: t=%d client %d: granted\n", now, me)
+    od
 }
 
 inline acquire(me) {
