@@ -71,17 +71,26 @@ pub(crate) fn prepare_runtime_dir(dir: &Path) -> io::Result<()> {
     Ok(())
 }
 
-/// What a state file says.
+/// What a state file says, one `LEASEHOLD_<NAME>='value'` line per field.
 #[derive(Debug, Default, Clone)]
 pub(crate) struct State {
+    /// `STATE`: `held`, or `lost` once the holder saw its lease go.
     pub(crate) state: String,
+    /// `KEY`: the lock's name.
     pub(crate) key: String,
+    /// `BACKEND`: the backend's name (`redis`, `etcd`, …).
     pub(crate) backend: String,
+    /// `LOCATION`: where the lock lives, without secrets (see `lock::location_of`).
     pub(crate) location: String,
+    /// `OWNER`: the lease's owner value.
     pub(crate) owner: String,
+    /// `FENCING_TOKEN`, when the backend mints one.
     pub(crate) token: Option<String>,
+    /// `HOLDER_PID`: the holder process.
     pub(crate) pid: u32,
+    /// `ACQUIRED_AT`: Unix seconds.
     pub(crate) acquired_at: u64,
+    /// `LOST_REASON`, once lost.
     pub(crate) lost_reason: Option<String>,
 }
 
