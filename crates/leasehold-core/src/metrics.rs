@@ -18,7 +18,8 @@
 //! | `leasehold_requests_total` | counter | `route`, `outcome` | recorded by `leasehold-tower`'s `LockLayer`: one per request, see its documentation |
 //!
 //! `backend` is the backend's name (`memory`, `redis`, `redlock`, `postgres`, `etcd`, `file`,
-//! …). Call [`describe`] once after installing the recorder to register units and help texts.
+//! …). Call `describe()` (with the feature on) once after installing the recorder to register
+//! units and help texts.
 
 /// Histogram: seconds per `try_acquire` / `acquire` call, by `backend` and `outcome`.
 pub const ACQUIRE_SECONDS: &str = "leasehold_acquire_seconds";
