@@ -41,7 +41,7 @@ pub const REQUESTS: &str = "leasehold_requests_total";
 #[cfg(feature = "metrics")]
 use crate::error::ErrorKind;
 #[cfg(feature = "metrics")]
-use crate::lease::LossReason;
+use crate::loss::LossReason;
 
 /// Registers the unit and help text of every metric with the installed recorder (the
 /// Prometheus exporter prints them as `# HELP` lines). Needs the `metrics` feature.
