@@ -186,19 +186,7 @@ impl Record {
             }
         };
         let location = location_of(&args.target);
-        let state = State {
-            state: "held".to_owned(),
-            key: args.target.key.clone(),
-            backend: lease.backend_name().to_owned(),
-            location: location.clone(),
-            owner: lease.owner().as_str().to_owned(),
-            token: lease.fencing_token().map(|t| t.get().to_string()),
-            pid,
-            acquired_at: SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs()),
-            lost_reason: None,
-        };
+        let state = State::held(&args.target.key, &location, lease, pid);
         let record = Self {
             state,
             state_path,
@@ -212,11 +200,12 @@ impl Record {
         }
         // Records of other holds of this lock stay until their own `release` reads them (a lost
         // hold's owner must learn of the loss); only those left for more than a day go.
-        sweep_stale(dir, &record.state.key, &location, &record.state_path);
-        let token = record.state.token.as_deref().unwrap_or("-");
+        sweep_stale(dir, &args.target.key, &location, &record.state_path);
+        let token = lease.fencing_token().map(|t| t.get().to_string());
         let held = format!(
-            "held\t{}\t{token}\t{pid}\t{}",
-            record.state.backend,
+            "held\t{}\t{}\t{pid}\t{}",
+            lease.backend_name(),
+            token.as_deref().unwrap_or("-"),
             record.state_path.display()
         );
         if !report(&held) {
@@ -263,8 +252,7 @@ async fn serve(
             reason = &mut lost => {
                 // The record first, then the socket: a `release` that finds no socket reads
                 // the state file and reports the loss.
-                record.state.state = "lost".to_owned();
-                record.state.lost_reason = Some(clean_message(&reason.to_string()));
+                record.state.lose(clean_message(&reason.to_string()));
                 record.remove(record.state.write(&record.state_path).is_err());
                 // Whatever is left (a Redlock minority, say); bounded.
                 let _ = tokio::time::timeout(Duration::from_secs(5), lease.release()).await;

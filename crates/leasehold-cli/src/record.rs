@@ -12,7 +12,9 @@ use std::io::{self, Read, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use leasehold::Lease;
 
 use nix::sys::signal::kill;
 use nix::unistd::Pid;
@@ -71,30 +73,94 @@ pub(crate) fn prepare_runtime_dir(dir: &Path) -> io::Result<()> {
     Ok(())
 }
 
-/// What a state file says, one `LEASEHOLD_<NAME>='value'` line per field.
+/// What a state file says, one `LEASEHOLD_<NAME>='value'` line per field. The fields stay in
+/// this module: other modules ask the questions below.
 #[derive(Debug, Default, Clone)]
 pub(crate) struct State {
-    /// `STATE`: `held`, or `lost` once the holder saw its lease go.
-    pub(crate) state: String,
-    /// `KEY`: the lock's name.
-    pub(crate) key: String,
-    /// `BACKEND`: the backend's name (`redis`, `etcd`, …).
-    pub(crate) backend: String,
-    /// `LOCATION`: where the lock lives, without secrets (see `lock::location_of`).
-    pub(crate) location: String,
-    /// `OWNER`: the lease's owner value.
-    pub(crate) owner: String,
-    /// `FENCING_TOKEN`, when the backend mints one.
-    pub(crate) token: Option<String>,
-    /// `HOLDER_PID`: the holder process.
-    pub(crate) pid: u32,
-    /// `ACQUIRED_AT`: Unix seconds.
-    pub(crate) acquired_at: u64,
-    /// `LOST_REASON`, once lost.
-    pub(crate) lost_reason: Option<String>,
+    /// `held` while the holder keeps the lease, `lost` once it saw the lease go.
+    state: String,
+    key: String,
+    backend: String,
+    /// Where the lock lives, without secrets (see `lock::location_of`).
+    location: String,
+    owner: String,
+    token: Option<String>,
+    pid: u32,
+    /// Unix seconds.
+    acquired_at: u64,
+    lost_reason: Option<String>,
 }
 
 impl State {
+    /// The record of a hold of `key` at `location` by process `pid`, acquired now.
+    pub(crate) fn held(key: &str, location: &str, lease: &Lease, pid: u32) -> Self {
+        Self {
+            state: "held".to_owned(),
+            key: key.to_owned(),
+            backend: lease.backend_name().to_owned(),
+            location: location.to_owned(),
+            owner: lease.owner().as_str().to_owned(),
+            token: lease.fencing_token().map(|t| t.get().to_string()),
+            pid,
+            acquired_at: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+            lost_reason: None,
+        }
+    }
+
+    /// Marks the hold lost, for `reason`.
+    pub(crate) fn lose(&mut self, reason: String) {
+        self.state = "lost".to_owned();
+        self.lost_reason = Some(reason);
+    }
+
+    /// Whether the holder saw its lease go.
+    pub(crate) fn is_lost(&self) -> bool {
+        self.state == "lost"
+    }
+
+    /// Whether the hold ended without `release`: lost, or its holder is dead.
+    pub(crate) fn has_ended(&self) -> bool {
+        self.is_lost() || !alive(self.pid)
+    }
+
+    /// Whether this is a hold of `key`, at `location` when one is given.
+    pub(crate) fn is_of(&self, key: &str, location: Option<&str>) -> bool {
+        self.key == key && location.is_none_or(|l| self.location == l)
+    }
+
+    /// The lock's name.
+    pub(crate) fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The holder process.
+    pub(crate) fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// Of several ended holds, the one acquired first.
+    pub(crate) fn oldest(holds: Vec<(PathBuf, State)>) -> Option<(PathBuf, State)> {
+        holds.into_iter().min_by_key(|(_, s)| s.acquired_at)
+    }
+
+    /// What `release` says of a hold that ended without it.
+    pub(crate) fn end_notice(&self) -> String {
+        if self.is_lost() {
+            format!(
+                "the lease on {:?} was lost: {}",
+                self.key,
+                self.lost_reason.as_deref().unwrap_or("no reason recorded")
+            )
+        } else {
+            format!(
+                "the holder (pid {}) of {:?} is gone without releasing; the lock ends by its TTL or session",
+                self.pid, self.key
+            )
+        }
+    }
+
     fn render(&self) -> String {
         let mut s = String::new();
         let mut line = |k: &str, v: &str| {
@@ -213,12 +279,7 @@ pub(crate) fn sweep_stale(dir: &Path, key: &str, location: &str, except: &Path) 
             .ok()
             .and_then(|t| now.duration_since(t).ok())
             .is_some_and(|age| age > STALE_AFTER);
-        if path != except
-            && old.key == key
-            && old.location == location
-            && old_enough
-            && (old.state == "lost" || !alive(old.pid))
-        {
+        if path != except && old.is_of(key, Some(location)) && old_enough && old.has_ended() {
             let _ = fs::remove_file(socket_of(&path));
             let _ = fs::remove_file(&path);
         }

@@ -51,7 +51,7 @@ pub(crate) async fn release(args: ReleaseArgs) -> u8 {
         Ok(s) => s,
         Err(c) => return c,
     };
-    if state.state == "lost" {
+    if state.is_lost() {
         return report_ended(&handle, &state);
     }
     let sock = socket_of(&handle);
@@ -65,10 +65,11 @@ pub(crate) async fn release(args: ReleaseArgs) -> u8 {
                 Ok(s) => s,
                 Err(c) => return c,
             };
-            if state.state != "lost" && alive(state.pid) {
+            if !state.has_ended() {
                 eprintln!(
                     "leasehold: the holder (pid {}) of {:?} does not answer: {e}",
-                    state.pid, state.key
+                    state.pid(),
+                    state.key()
                 );
                 return code::UNAVAILABLE;
             }
@@ -81,7 +82,7 @@ pub(crate) async fn release(args: ReleaseArgs) -> u8 {
     };
     // The holder exits right after answering.
     let t0 = Instant::now();
-    while alive(state.pid) && t0.elapsed() < Duration::from_secs(5) {
+    while alive(state.pid()) && t0.elapsed() < Duration::from_secs(5) {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     match answer
@@ -92,12 +93,12 @@ pub(crate) async fn release(args: ReleaseArgs) -> u8 {
         ("not-held", _) => {
             eprintln!(
                 "leasehold: the lease on {:?} was no longer held when released",
-                state.key
+                state.key()
             );
             code::LOST
         }
         (_, msg) => {
-            eprintln!("leasehold: release of {:?} failed: {msg}", state.key);
+            eprintln!("leasehold: release of {:?} failed: {msg}", state.key());
             code::UNAVAILABLE
         }
     }
@@ -116,16 +117,13 @@ fn find_by_key(args: &ReleaseArgs, key: &str) -> Result<PathBuf, u8> {
     });
     let found: Vec<(PathBuf, State)> = states(&dir)
         .into_iter()
-        .filter(|(_, s)| s.key == key)
-        .filter(|(_, s)| location.as_ref().is_none_or(|l| &s.location == l))
+        .filter(|(_, s)| s.is_of(key, location.as_deref()))
         .collect();
     // A hold that was lost, or whose holder died, is reported (and its record consumed) before
     // any live holder is touched: its owner is the likelier caller, and releasing someone
     // else's live lock mid-work is the worse mistake.
-    let (ended, live): (Vec<_>, Vec<_>) = found
-        .into_iter()
-        .partition(|(_, s)| s.state == "lost" || !alive(s.pid));
-    if let Some((path, state)) = ended.into_iter().min_by_key(|(_, s)| s.acquired_at) {
+    let (ended, live): (Vec<_>, Vec<_>) = found.into_iter().partition(|(_, s)| s.has_ended());
+    if let Some((path, state)) = State::oldest(ended) {
         return Err(report_ended(&path, &state));
     }
     match live.as_slice() {
@@ -170,18 +168,7 @@ fn read_handle(handle: &Path) -> Result<State, u8> {
 /// Reports a hold that ended without `release` (lost, or its holder died) and consumes its
 /// record: exit 79.
 fn report_ended(handle: &Path, state: &State) -> u8 {
-    if state.state == "lost" {
-        eprintln!(
-            "leasehold: the lease on {:?} was lost: {}",
-            state.key,
-            state.lost_reason.as_deref().unwrap_or("no reason recorded")
-        );
-    } else {
-        eprintln!(
-            "leasehold: the holder (pid {}) of {:?} is gone without releasing; the lock ends by its TTL or session",
-            state.pid, state.key
-        );
-    }
+    eprintln!("leasehold: {}", state.end_notice());
     let _ = fs::remove_file(socket_of(handle));
     let _ = fs::remove_file(handle);
     code::LOST
