@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use leasehold::{Error, ErrorKind, Lease, LockConfig, Locker};
+use leasehold::{Error, ErrorKind, Lease, LockConfig, Locker, redact};
 
 use crate::code;
 
@@ -82,8 +82,8 @@ pub(crate) fn config_of(target: &Target, ttl: Option<Duration>) -> Result<LockCo
     Ok(config)
 }
 
-/// Where the lock lives, without secrets: the URL without its user information, the
-/// configuration file's path, or the default file-lock folder.
+/// Where the lock lives, without secrets: the URL with its passwords masked
+/// ([`leasehold::redact`]), the configuration file's path, or the default file-lock folder.
 pub(crate) fn location_of(target: &Target) -> String {
     match (&target.config, &target.url) {
         (Some(path), _) => format!(
@@ -92,14 +92,14 @@ pub(crate) fn location_of(target: &Target) -> String {
                 .unwrap_or_else(|_| path.clone())
                 .display()
         ),
-        (None, Some(url)) => strip_userinfo(url),
+        (None, Some(url)) => redact(url),
         (None, None) => {
             let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
             match (var("LEASEHOLD_URL"), var("LEASEHOLD_URLS")) {
-                (Some(url), _) => strip_userinfo(&url),
+                (Some(url), _) => redact(&url),
                 (None, Some(urls)) => urls
                     .split(',')
-                    .map(|u| strip_userinfo(u.trim()))
+                    .map(|u| redact(u.trim()))
                     .collect::<Vec<_>>()
                     .join(","),
                 (None, None) => {
@@ -108,43 +108,6 @@ pub(crate) fn location_of(target: &Target) -> String {
             }
         }
     }
-}
-
-/// `scheme://user:pw@host,host/db?q&password=x` → `scheme://host,host/db?q`: no user
-/// information, no `password=` query parameter.
-fn strip_userinfo(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let rest = match rest[..authority_end].rfind('@') {
-        Some(at) => &rest[at + 1..],
-        None => rest,
-    };
-    let Some((path, query)) = rest.split_once('?') else {
-        return format!("{scheme}://{rest}");
-    };
-    let (query, fragment) = match query.split_once('#') {
-        Some((q, f)) => (q, Some(f)),
-        None => (query, None),
-    };
-    let kept: Vec<&str> = query
-        .split('&')
-        .filter(|p| {
-            let name = p.split_once('=').map_or(*p, |(n, _)| n);
-            !p.is_empty() && !name.eq_ignore_ascii_case("password")
-        })
-        .collect();
-    let mut out = format!("{scheme}://{path}");
-    if !kept.is_empty() {
-        out.push('?');
-        out.push_str(&kept.join("&"));
-    }
-    if let Some(f) = fragment {
-        out.push('#');
-        out.push_str(f);
-    }
-    out
 }
 
 /// Failure of [`obtain`]: an exit code (the message is already printed or reported).
@@ -203,31 +166,4 @@ pub(crate) fn wait_notice(key: &str, wait: Duration) -> String {
         "leasehold: waiting up to {} for {key:?}…",
         humantime::format_duration(wait)
     )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn userinfo_is_stripped() {
-        assert_eq!(
-            strip_userinfo("redis://:pw@h:1/0"),
-            "redis://h:1/0".to_owned()
-        );
-        assert_eq!(
-            strip_userinfo("redlock://u:p@a:1,b:2,c:3"),
-            "redlock://a:1,b:2,c:3"
-        );
-        assert_eq!(strip_userinfo("etcd://h:1?x=a@b"), "etcd://h:1?x=a@b");
-        assert_eq!(strip_userinfo("file:///tmp/x"), "file:///tmp/x");
-        assert_eq!(
-            strip_userinfo("postgres://h/db?password=s3cret"),
-            "postgres://h/db"
-        );
-        assert_eq!(
-            strip_userinfo("postgres://u:a@h/db?sslmode=require&PASSWORD=b&x=1#f"),
-            "postgres://h/db?sslmode=require&x=1#f"
-        );
-    }
 }
