@@ -7,7 +7,8 @@ use nix::unistd::Pid;
 use tokio::process::Command;
 use tokio::signal::unix::{SignalKind, signal};
 
-use crate::{Acquiring, Target, code, obtain, wait_notice};
+use crate::code;
+use crate::lock::{Acquiring, Target, obtain, wait_notice};
 
 #[derive(clap::Args)]
 pub(crate) struct RunArgs {

@@ -2,7 +2,8 @@
 
 use leasehold::{FencingKind, HolderInfo, SafetyClass};
 
-use crate::{Target, code, config_of, failure};
+use crate::code;
+use crate::lock::{Target, config_of, failure};
 
 /// `println!` that does not panic when stdout is a closed pipe (`leasehold status | head -1`).
 macro_rules! out {

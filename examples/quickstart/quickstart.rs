@@ -1,13 +1,31 @@
 //! A tour of leasehold on the in-memory backend: no services needed.
 //!
-//! Run it with `cargo run --example quickstart`.
+//! Run it with `cargo run --example quickstart` from the workspace root. Every step checks what
+//! it shows: anything unexpected ends the tour with an error and a non-zero exit status.
+//!
+//! It is written against `leasehold-core`, whose names the `leasehold` facade re-exports
+//! (`leasehold::Locker` is `leasehold_core::Locker`). Its package depends on the core alone so
+//! that it builds with nothing but cargo: built from the workspace root, the facade gets the
+//! driver features that other members enable, and the etcd driver's build needs `protoc`.
 
 use std::time::Duration;
 
-use leasehold::{Error, LockOptions, Locker, MemoryBackend, Renewal};
+use leasehold_core::{Error, ErrorKind, LockOptions, Locker, MemoryBackend, Renewal};
+
+/// Whatever ends the tour early: an error of leasehold, or a step that did not go as shown.
+type TourError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Fails the tour with `what` unless `holds`.
+fn check(holds: bool, what: &str) -> Result<(), TourError> {
+    if holds {
+        Ok(())
+    } else {
+        Err(format!("unexpected: {what}").into())
+    }
+}
 
 #[tokio::main]
-async fn main() -> Result<(), Error> {
+async fn main() -> Result<(), TourError> {
     let backend = MemoryBackend::new();
     let locker = Locker::new(backend.clone());
 
@@ -15,19 +33,25 @@ async fn main() -> Result<(), Error> {
     let lease = locker
         .acquire("reports/daily", Duration::from_secs(1))
         .await?;
+    let first = lease.fencing_token();
     println!(
         "1. acquired {:?}: fencing token {:?}, valid for {:?}",
         lease.key().as_str(),
-        lease.fencing_token().map(|t| t.get()),
+        first.map(|t| t.get()),
         lease.remaining()
     );
+    check(
+        first.is_some(),
+        "the in-memory backend minted no fencing token",
+    )?;
 
     // 2. Someone else trying meets contention, which is not an error.
     let other = locker.try_acquire("reports/daily").await?;
     println!(
         "2. a second try_acquire while held: {:?}",
-        other.map(|_| "granted?!")
+        other.as_ref().map(|_| "granted")
     );
+    check(other.is_none(), "a second holder was granted the lock")?;
 
     // 3. A waiter gets the lock as soon as it is released, with a higher token.
     let waiter = {
@@ -39,15 +63,19 @@ async fn main() -> Result<(), Error> {
         })
     };
     tokio::time::sleep(Duration::from_millis(100)).await;
-    println!("3. release: we still held it = {}", lease.release().await?);
+    let held = lease.release().await?;
+    println!("3. release: we still held it = {held}");
+    check(held, "the lease was no longer held at release")?;
     let next = waiter
         .await
-        .map_err(|e| Error::new(leasehold::ErrorKind::Backend, "quickstart", e.to_string()))??;
+        .map_err(|e| Error::new(ErrorKind::Backend, "quickstart", e.to_string()))??;
+    let second = next.fencing_token();
     println!(
         "   the waiter got it with token {:?} (> {:?})",
-        next.fencing_token().map(|t| t.get()),
-        lease.fencing_token().map(|t| t.get())
+        second.map(|t| t.get()),
+        first.map(|t| t.get())
     );
+    check(second > first, "the waiter's token is not higher")?;
     next.release().await?;
 
     // 4. A lease without renewal is lost at its deadline, and the holder is told.
@@ -60,7 +88,7 @@ async fn main() -> Result<(), Error> {
     let work = lease.run(tokio::time::sleep(Duration::from_secs(10))).await;
     match work {
         Err(e) => println!("4. long work under a 200 ms lease was cancelled: {e}"),
-        Ok(()) => println!("4. unexpected: the work outlived its lease"),
+        Ok(()) => check(false, "the work outlived its 200 ms lease")?,
     }
     println!(
         "   releasing it now: we still held it = {}",
@@ -77,9 +105,8 @@ async fn main() -> Result<(), Error> {
             40 + 2
         })
         .await?;
-    println!(
-        "   with_lock returned {sum}; keys still held: {}",
-        backend.held_count()
-    );
+    let left = backend.held_count();
+    println!("   with_lock returned {sum}; keys still held: {left}");
+    check(sum == 42 && left == 0, "with_lock left a key held")?;
     Ok(())
 }
