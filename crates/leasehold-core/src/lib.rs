@@ -23,13 +23,13 @@
 //! declare whether they mint one; `Capabilities::correctness_gap` explains what a backend lacks
 //! for correctness-critical use.
 //!
-//! This crate depends on no driver: drivers live in `leasehold-redis`, `leasehold-postgres` and
-//! `leasehold-etcd`, and the facade `leasehold` re-exports them.
+//! This crate depends on no driver: drivers live in `leasehold-redis`, `leasehold-postgres`,
+//! `leasehold-etcd` and `leasehold-file`, and the facade `leasehold` re-exports them.
 
 mod backend;
 mod caps;
+pub mod driver;
 mod error;
-pub mod file;
 mod key;
 mod lease;
 mod locker;
@@ -43,7 +43,6 @@ pub use backend::{
 };
 pub use caps::{Capabilities, DEFAULT_MAX_TTL, FencingKind, RenewalKind, SafetyClass, WaitKind};
 pub use error::{Error, ErrorKind, NodeError};
-pub use file::{FileBackend, FileConfig};
 pub use key::{IntoLockKey, KeyError, LockKey, MAX_KEY_LEN};
 pub use lease::{Lease, LeaseInfo, LeaseMonitor, LossReason, LostSignal, settle};
 pub use locker::Locker;
