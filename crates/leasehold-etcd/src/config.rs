@@ -244,10 +244,13 @@ impl EtcdConfig {
         self
     }
 
-    /// Sets the key prefix.
-    pub fn with_prefix(mut self, prefix: impl Into<String>) -> Self {
+    /// Sets the key prefix (no NUL byte; may be empty).
+    pub fn with_prefix(mut self, prefix: impl Into<String>) -> Result<Self, Error> {
         self.prefix = prefix.into();
-        self
+        if self.prefix.contains('\0') {
+            return Err(invalid("the key prefix contains a NUL byte"));
+        }
+        Ok(self)
     }
 
     /// Sets the lease mode.
@@ -328,22 +331,12 @@ fn number(key: &str, v: &str) -> Result<u64, Error> {
         .map_err(|_| invalid(format!("{key}={v:?} is not a whole number")))
 }
 
-/// Decodes `%XX` escapes; `None` on a malformed escape or invalid UTF-8.
+/// Decodes `%XX` escapes; `None` if the result is not UTF-8.
 fn percent_decode(s: &str) -> Option<String> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = s.get(i + 1..i + 3)?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
+    percent_encoding::percent_decode_str(s)
+        .decode_utf8()
+        .ok()
+        .map(Into::into)
 }
 
 #[cfg(test)]
