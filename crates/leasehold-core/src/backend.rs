@@ -15,8 +15,9 @@ use tokio::time::Instant;
 use crate::caps::Capabilities;
 use crate::error::Error;
 use crate::key::LockKey;
-use crate::lease::LeaseMonitor;
+use crate::signal::LeaseMonitor;
 use crate::token::{FencingToken, Owner};
+use crate::validity::Validity;
 
 /// A lock backend: Redis, Redlock, PostgreSQL, etcd, in-memory, or a wrapper around one.
 ///
@@ -120,25 +121,6 @@ impl<'a> ExtendRequest<'a> {
     /// The validity of a grant re-armed for `ttl` from `started`.
     pub fn ttl_validity(&self) -> Validity {
         Validity::new(self.started, self.ttl)
-    }
-}
-
-/// How long a grant is good for: `ttl` counted from the monotonic instant `from`.
-///
-/// The lease's deadline is `from + ttl − drift(ttl)` (see [`Drift`](crate::Drift)); backends
-/// report the raw figures and the [`Locker`](crate::Locker) subtracts the drift margin once.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Validity {
-    /// When the grant's lifetime started, conservatively: before the request was sent.
-    pub from: Instant,
-    /// How long it lasts from then.
-    pub ttl: Duration,
-}
-
-impl Validity {
-    /// A validity of `ttl` from `from`.
-    pub const fn new(from: Instant, ttl: Duration) -> Self {
-        Self { from, ttl }
     }
 }
 

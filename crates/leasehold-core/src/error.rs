@@ -5,7 +5,7 @@ use std::error::Error as StdError;
 use std::fmt;
 
 use crate::key::KeyError;
-use crate::lease::LossReason;
+use crate::loss::LossReason;
 
 /// What went wrong, for callers to match on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -1,309 +1,25 @@
-//! Leases: the guard of a held lock, its validity deadline, and the lost-lease signal.
+//! Leases: the guard of a held lock, and its renewal watchdog.
 
 use std::fmt;
-use std::future::{Future, IntoFuture};
-use std::pin::Pin;
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
-use tokio::sync::{Notify, watch};
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
-use crate::backend::{ExtendRequest, GrantState, Held, LockBackend, Validity};
+use crate::backend::{ExtendRequest, GrantState, Held, LockBackend};
 use crate::caps::Capabilities;
+use crate::detach::spawn_detached;
 use crate::error::Error;
 use crate::key::LockKey;
+use crate::loss::LossReason;
 use crate::metrics;
-use crate::policy::{Drift, check_ttl};
+use crate::policy::check_ttl;
+use crate::signal::{LostSignal, Shared};
 use crate::token::{FencingToken, Owner};
-
-/// Why a lease is no longer held.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum LossReason {
-    /// The validity deadline passed without a successful renewal.
-    Expired,
-    /// The backend says our grant is gone (expired on the server, or someone else holds it).
-    NotHeld,
-    /// Renewal kept failing until the validity deadline passed; the last error.
-    RenewalFailed(Arc<str>),
-    /// The backend reported the loss itself (a dead session, a revoked lease).
-    Backend(Arc<str>),
-    /// We released it (or dropped the [`Lease`]).
-    Released,
-}
-
-impl fmt::Display for LossReason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Expired => f.write_str("validity deadline passed"),
-            Self::NotHeld => f.write_str("the backend no longer holds our grant"),
-            Self::RenewalFailed(e) => write!(f, "renewal failed: {e}"),
-            Self::Backend(e) => write!(f, "{e}"),
-            Self::Released => f.write_str("released"),
-        }
-    }
-}
-
-#[derive(Debug)]
-struct Status {
-    /// `None` until the grant is known.
-    valid_until: Option<Instant>,
-    lost: Option<LossReason>,
-}
-
-impl Status {
-    fn loss(&self, now: Instant) -> Option<LossReason> {
-        if let Some(r) = &self.lost {
-            return Some(r.clone());
-        }
-        match self.valid_until {
-            Some(t) if now >= t => Some(LossReason::Expired),
-            _ => None,
-        }
-    }
-
-    /// [`loss`](Self::loss) now, reading the clock only when the answer depends on it. Called
-    /// under the lock, so a concurrent renewal is seen either with its new deadline or not at
-    /// all.
-    fn loss_now(&self) -> Option<LossReason> {
-        match (&self.lost, self.valid_until) {
-            (Some(r), _) => Some(r.clone()),
-            (None, Some(t)) if Instant::now() >= t => Some(LossReason::Expired),
-            (None, _) => None,
-        }
-    }
-}
-
-/// The status of one lease, shared by the lease, its lost signals and its monitor.
-///
-/// The lost signals hold it strongly, so it can outlive the lease: a dropped lease is known
-/// here by the [`LossReason::Released`] its drop records, not by its absence. The monitor holds
-/// it weakly.
-#[derive(Debug)]
-pub(crate) struct Shared {
-    status: Mutex<Status>,
-    /// Wakes the waiting lost signals after a change of `status`.
-    changed: Notify,
-    /// Whether a [`LostSignal`] was ever handed out. Until then a change wakes nobody: most
-    /// leases never hand one out, and waking costs as much as the rest of the bookkeeping.
-    watched: AtomicBool,
-    drift: Drift,
-    /// The backend's name, for the metrics' `backend` label.
-    #[cfg(feature = "metrics")]
-    backend: &'static str,
-}
-
-impl Shared {
-    #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-    pub(crate) fn new(drift: Drift, backend: &'static str) -> Arc<Self> {
-        Arc::new(Self {
-            status: Mutex::new(Status {
-                valid_until: None,
-                lost: None,
-            }),
-            changed: Notify::new(),
-            watched: AtomicBool::new(false),
-            drift,
-            #[cfg(feature = "metrics")]
-            backend,
-        })
-    }
-
-    fn lock(&self) -> MutexGuard<'_, Status> {
-        // Nothing panics while holding it; recover the status if something ever did.
-        self.status.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Wakes the waiting lost signals after a change of the status, if a signal was ever handed
-    /// out. Called after the change, outside the lock. A signal reads the status under the lock
-    /// only after [`Lease::lost`] set `watched` and after it registered for a wake-up, so either
-    /// it read the changed status, or its read came first under the lock and this load sees
-    /// `watched` set: no wake-up is lost.
-    fn wake(&self) {
-        if self.watched.load(Ordering::Relaxed) {
-            self.changed.notify_waiters();
-        }
-    }
-
-    /// Why the lease is over, if it is.
-    fn loss(&self) -> Option<LossReason> {
-        self.lock().loss_now()
-    }
-
-    /// The loss, if any, and the validity deadline: what a waiting signal needs.
-    fn loss_and_deadline(&self) -> (Option<LossReason>, Option<Instant>) {
-        let s = self.lock();
-        (s.loss_now(), s.valid_until)
-    }
-
-    fn valid_until(&self) -> Option<Instant> {
-        self.lock().valid_until
-    }
-
-    /// Counts a loss in the metrics (`lost` is the first terminal state of the lease).
-    #[cfg(feature = "metrics")]
-    fn count_loss(&self, lost: &LossReason) {
-        metrics::lost(self.backend, lost);
-    }
-
-    /// Moves the deadline to match `v`, unless the lease is already lost (loss is final, and a
-    /// deadline that has passed is a loss even if a late renewal arrives).
-    fn renew(&self, v: Validity) -> Result<(), LossReason> {
-        let deadline = self.drift.deadline(v);
-        let now = Instant::now();
-        let mut s = self.lock();
-        if let Some(r) = s.loss(now) {
-            if s.lost.is_some() {
-                return Err(r);
-            }
-            #[cfg(feature = "metrics")]
-            self.count_loss(&r);
-            s.lost = Some(r.clone());
-            drop(s);
-            self.wake();
-            return Err(r);
-        }
-        s.valid_until = Some(deadline);
-        drop(s);
-        self.wake();
-        Ok(())
-    }
-
-    fn lose(&self, reason: LossReason) {
-        let mut s = self.lock();
-        if s.lost.is_some() {
-            return;
-        }
-        // A release after the deadline passed unnoticed is still a loss, by expiry.
-        #[cfg(feature = "metrics")]
-        match s.loss(Instant::now()) {
-            Some(expired) if reason == LossReason::Released => self.count_loss(&expired),
-            _ => self.count_loss(&reason),
-        }
-        s.lost = Some(reason);
-        drop(s);
-        self.wake();
-    }
-}
-
-/// The backend's side of a lease: where a backend that watches its grants reports renewed
-/// validity or loss.
-///
-/// A session-based backend (PostgreSQL's health check, etcd's keep-alive stream) keeps a clone
-/// for each grant and calls [`renewed`](Self::renewed) after each successful check and
-/// [`lost`](Self::lost) when the grant is gone; the lease's [lost signal](Lease::lost) then
-/// fires. It holds the lease weakly: once the lease is dropped, calls do nothing and
-/// [`is_closed`](Self::is_closed) turns true, so the backend can stop watching.
-#[derive(Debug, Clone)]
-pub struct LeaseMonitor {
-    shared: Weak<Shared>,
-}
-
-impl LeaseMonitor {
-    pub(crate) fn new(shared: &Arc<Shared>) -> Self {
-        Self {
-            shared: Arc::downgrade(shared),
-        }
-    }
-
-    /// A monitor attached to no lease, for calling a backend directly in tests.
-    pub fn detached() -> Self {
-        Self {
-            shared: Weak::new(),
-        }
-    }
-
-    /// The grant was confirmed alive; its validity is now `v`. Returns `false` if the lease is
-    /// gone or already lost (a passed deadline is final), so the backend can stop watching.
-    pub fn renewed(&self, v: Validity) -> bool {
-        self.shared.upgrade().is_some_and(|s| s.renew(v).is_ok())
-    }
-
-    /// The grant is gone; fires the lease's lost signal with `reason`.
-    pub fn lost(&self, reason: impl Into<Arc<str>>) {
-        if let Some(s) = self.shared.upgrade() {
-            s.lose(LossReason::Backend(reason.into()));
-        }
-    }
-
-    /// Why the lease is over, if it is: [`LossReason::Released`] once it was released or
-    /// dropped (also after the last trace of it is gone), [`LossReason::Expired`] once its
-    /// deadline passed unrenewed, and so on. A backend that watches a grant can tell "the holder
-    /// let go" (clean up quietly) from "the grant was lost" (it already said so).
-    pub fn loss_reason(&self) -> Option<LossReason> {
-        match self.shared.upgrade() {
-            Some(s) => s.loss(),
-            None => Some(LossReason::Released),
-        }
-    }
-
-    /// Whether the lease has been dropped or lost, so there is nothing left to watch.
-    pub fn is_closed(&self) -> bool {
-        self.shared.upgrade().is_none_or(|s| s.loss().is_some())
-    }
-}
-
-/// A future that completes when a lease is lost, with the reason; cheap to clone.
-///
-/// It completes when renewal fails, when the backend reports the loss, when the validity
-/// deadline passes unrenewed, or when the lease is released or dropped
-/// ([`LossReason::Released`]) — whichever comes first. It is `'static`, so it can be moved into
-/// a task or a response future and used with `tokio::select!`.
-///
-/// The first loss is final: a signal that outlives its lease keeps reporting the reason the
-/// lease ended with ([`LossReason::Released`] for a lease released or dropped while still
-/// valid).
-#[derive(Debug, Clone)]
-pub struct LostSignal {
-    shared: Arc<Shared>,
-}
-
-impl LostSignal {
-    /// Whether the lease is lost now (cheap: no I/O, no await).
-    pub fn is_lost(&self) -> bool {
-        self.reason().is_some()
-    }
-
-    /// Why the lease is lost, if it is.
-    pub fn reason(&self) -> Option<LossReason> {
-        self.shared.loss()
-    }
-
-    /// Waits until the lease is lost.
-    pub async fn wait(self) -> LossReason {
-        loop {
-            // Register for a wake-up before reading the status, so that a change made after
-            // the read wakes us.
-            let mut changed = std::pin::pin!(self.shared.changed.notified());
-            changed.as_mut().enable();
-            let (loss, deadline) = self.shared.loss_and_deadline();
-            if let Some(r) = loss {
-                return r;
-            }
-            match deadline {
-                Some(deadline) => {
-                    tokio::select! {
-                        () = changed => {}
-                        () = tokio::time::sleep_until(deadline) => {}
-                    }
-                }
-                None => changed.await,
-            }
-        }
-    }
-}
-
-impl IntoFuture for LostSignal {
-    type Output = LossReason;
-    type IntoFuture = Pin<Box<dyn Future<Output = LossReason> + Send + 'static>>;
-
-    fn into_future(self) -> Self::IntoFuture {
-        Box::pin(self.wait())
-    }
-}
+use crate::validity::Validity;
 
 /// A cloneable description of a held lease, for handing to code that must not own the guard:
 /// a request handler that sends the fencing token to storage, a task that watches for loss.
@@ -397,9 +113,7 @@ impl Lease {
         validity: Validity,
         ttl: Duration,
     ) -> Self {
-        shared.lock().valid_until = Some(shared.drift.deadline(validity));
-        // Wakes nobody yet (signals come from the lease); kept so the rule has no exception.
-        shared.wake();
+        shared.start(validity);
         metrics::held(backend.name(), 1.0);
         Self {
             inner: Arc::new(Inner {
@@ -474,12 +188,7 @@ impl Lease {
 
     /// A future that completes when the lease is lost (see [`LostSignal`]).
     pub fn lost(&self) -> LostSignal {
-        let shared = &self.inner.shared;
-        // Set before the signal can read the status: from now on every change wakes signals.
-        shared.watched.store(true, Ordering::Relaxed);
-        LostSignal {
-            shared: Arc::clone(shared),
-        }
+        self.inner.shared.signal()
     }
 
     /// A cloneable description of this lease.
@@ -510,7 +219,7 @@ impl Lease {
     /// the error is [`ErrorKind::LeaseLost`](crate::ErrorKind::LeaseLost). A fault (the backend
     /// unreachable) is returned as is: the lease stays valid until its current deadline.
     pub async fn extend(&self, ttl: Duration) -> Result<(), Error> {
-        check_ttl(ttl, &self.inner.shared.drift, &self.inner.caps)?;
+        check_ttl(ttl, self.inner.shared.drift(), &self.inner.caps)?;
         if let Some(reason) = self.loss_reason() {
             return Err(self.lost_error(reason));
         }
@@ -634,71 +343,6 @@ impl Drop for Lease {
     }
 }
 
-/// Spawns a background release `fut` on the current Tokio runtime, if there is one, counted
-/// until it ends (see [`settle`]). Never blocks, never panics.
-pub(crate) fn spawn_detached(fut: impl Future<Output = ()> + Send + 'static) -> bool {
-    match tokio::runtime::Handle::try_current() {
-        Ok(rt) => {
-            let pending = Pending::start();
-            drop(rt.spawn(async move {
-                fut.await;
-                drop(pending);
-            }));
-            true
-        }
-        Err(_) => false,
-    }
-}
-
-/// How many background releases are running in this process.
-fn in_flight() -> &'static watch::Sender<usize> {
-    static IN_FLIGHT: std::sync::OnceLock<watch::Sender<usize>> = std::sync::OnceLock::new();
-    IN_FLIGHT.get_or_init(|| watch::Sender::new(0))
-}
-
-/// One background release in flight; counted down when it ends or is cancelled.
-struct Pending;
-
-impl Pending {
-    fn start() -> Self {
-        in_flight().send_modify(|n| *n += 1);
-        Self
-    }
-}
-
-impl Drop for Pending {
-    fn drop(&mut self) {
-        in_flight().send_modify(|n| *n = n.saturating_sub(1));
-    }
-}
-
-/// Waits, for at most `within`, until the releases leasehold runs in the background have
-/// finished: those of leases dropped without [`Lease::release`], and those that clean up an
-/// acquisition cut short (its future dropped while a request may have reached the server).
-/// Returns `true` if none is left.
-///
-/// A Tokio runtime that shuts down cancels its tasks, these included, and a cancelled cleanup
-/// leaves the lock to expire by its TTL or session instead of freeing it now. A program that
-/// drops leases or acquisitions shortly before it exits (a signal handler, the end of `main`)
-/// should call this first:
-///
-/// ```
-/// # async fn demo() {
-/// use std::time::Duration;
-///
-/// // … leases dropped, acquisitions abandoned …
-/// if !leasehold_core::settle(Duration::from_secs(5)).await {
-///     eprintln!("some locks are left to expire by their TTL");
-/// }
-/// # }
-/// ```
-pub async fn settle(within: Duration) -> bool {
-    let mut rx = in_flight().subscribe();
-    tokio::time::timeout(within, rx.wait_for(|n| *n == 0))
-        .await
-        .is_ok_and(|r| r.is_ok())
-}
-
 async fn watchdog(lease: Weak<Inner>, interval: Duration) {
     let mut next = Instant::now() + interval;
     loop {
@@ -752,7 +396,10 @@ async fn watchdog(lease: Weak<Inner>, interval: Duration) {
 
 #[cfg(test)]
 mod tests {
+    use tokio::task::JoinHandle;
+
     use super::*;
+    use crate::signal::LeaseMonitor;
     use crate::{Locker, MemoryBackend};
 
     /// Status changes wake nobody while no lost signal exists; a signal taken before or after
@@ -788,14 +435,21 @@ mod tests {
         assert_eq!(info.lost.reason(), Some(LossReason::Released));
     }
 
-    fn paused_locker() -> Locker {
-        Locker::new(MemoryBackend::new())
+    /// A lease of 1 s without renewal (for paused-clock tests), the monitor a backend would
+    /// hold on it, and a task already waiting on its lost signal.
+    async fn watched_lease() -> (Lease, LeaseMonitor, JoinHandle<LossReason>) {
+        let locker = Locker::new(MemoryBackend::new())
             .with_options(
                 crate::LockOptions::default()
                     .with_ttl(Duration::from_secs(1))
                     .with_renewal(crate::Renewal::Off),
             )
-            .unwrap()
+            .unwrap();
+        let lease = locker.try_acquire("k").await.unwrap().unwrap();
+        let monitor = LeaseMonitor::new(&lease.inner.shared);
+        let waiter = tokio::spawn(lease.lost().wait());
+        tokio::task::yield_now().await;
+        (lease, monitor, waiter)
     }
 
     /// A signal outlives its lease: a waiter taken before the drop wakes with `Released`, the
@@ -803,12 +457,8 @@ mod tests {
     /// by the signal) reports the lease closed and released.
     #[tokio::test(start_paused = true)]
     async fn a_signal_outliving_its_dropped_lease_reports_released() {
-        let locker = paused_locker();
-        let lease = locker.try_acquire("k").await.unwrap().unwrap();
-        let monitor = LeaseMonitor::new(&lease.inner.shared);
+        let (lease, monitor, waiter) = watched_lease().await;
         let signal = lease.lost();
-        let waiter = tokio::spawn(signal.clone().wait());
-        tokio::task::yield_now().await;
         assert!(!waiter.is_finished());
         assert!(!monitor.is_closed());
 
@@ -834,12 +484,8 @@ mod tests {
     /// fires at the new one, with `Expired`; a renewal arriving after that is refused.
     #[tokio::test(start_paused = true)]
     async fn a_waiting_signal_follows_renewals_to_the_new_deadline() {
-        let locker = paused_locker();
-        let lease = locker.try_acquire("k").await.unwrap().unwrap();
-        let monitor = LeaseMonitor::new(&lease.inner.shared);
+        let (lease, monitor, waiter) = watched_lease().await;
         let first = lease.valid_until();
-        let waiter = tokio::spawn(lease.lost().wait());
-        tokio::task::yield_now().await;
 
         tokio::time::advance(Duration::from_millis(500)).await;
         assert!(monitor.renewed(Validity::new(Instant::now(), Duration::from_secs(1))));

@@ -13,8 +13,13 @@
 //!   renewal watchdog, and cancellation safety.
 //! - [`Lease`] is the guard: key, owner, optional [`FencingToken`], validity deadline, a
 //!   [lost signal](Lease::lost) that fires when the lease is gone, and release on drop.
-//! - [`MemoryBackend`] is the in-process default; [`FileBackend`] locks across the processes of
-//!   one host with operating-system file locks (`file://`).
+//! - [`FenceStore`] is the resource side of fencing: it admits a token only if it is not lower
+//!   than the highest seen ([`MemoryFenceStore`] in one process; [`fence`] explains the rule).
+//! - [`redact`] hides passwords and tokens in URLs, option strings and messages: every crate of
+//!   leasehold shows configuration through it (the rules are in [`redaction`]).
+//! - [`MemoryBackend`] is the in-process default.
+//! - [`driver::Driver`] is the table each driver crate exports, so that a registry opens
+//!   backends by URL scheme.
 //!
 //! # What this does not promise
 //!
@@ -28,27 +33,39 @@
 
 mod backend;
 mod caps;
+mod detach;
 pub mod driver;
 mod error;
+pub mod fence;
 mod key;
 mod lease;
 mod locker;
+mod loss;
 mod memory;
 pub mod metrics;
 mod policy;
+pub mod redaction;
+mod signal;
 mod token;
+mod validity;
 
 pub use backend::{
-    ExtendRequest, Grant, GrantState, Held, HolderInfo, LockBackend, LockRequest, Validity, Waited,
+    ExtendRequest, Grant, GrantState, Held, HolderInfo, LockBackend, LockRequest, Waited,
 };
 pub use caps::{Capabilities, DEFAULT_MAX_TTL, FencingKind, RenewalKind, SafetyClass, WaitKind};
+pub use detach::settle;
 pub use error::{Error, ErrorKind, NodeError};
+pub use fence::{Admission, FenceStore, MemoryFenceStore};
 pub use key::{IntoLockKey, KeyError, LockKey, MAX_KEY_LEN};
-pub use lease::{Lease, LeaseInfo, LeaseMonitor, LossReason, LostSignal, settle};
+pub use lease::{Lease, LeaseInfo};
 pub use locker::Locker;
+pub use loss::LossReason;
 pub use memory::MemoryBackend;
 pub use policy::{Backoff, Drift, LockOptions, Renewal};
+pub use redaction::{Redacted, redact};
+pub use signal::{LeaseMonitor, LostSignal};
 pub use token::{FencingToken, OWNER_BYTES, Owner};
+pub use validity::Validity;
 
 /// Re-exported so backends can implement [`LockBackend`] without depending on it themselves.
 pub use async_trait::async_trait;

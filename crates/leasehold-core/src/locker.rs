@@ -10,11 +10,13 @@ use tracing::Instrument;
 
 use crate::backend::{Held, HolderInfo, LockBackend, LockRequest};
 use crate::caps::{Capabilities, RenewalKind, WaitKind};
+use crate::detach::spawn_detached;
 use crate::error::{Error, ErrorKind};
 use crate::key::{IntoLockKey, LockKey};
-use crate::lease::{Lease, LeaseInfo, LeaseMonitor, Shared, spawn_detached};
+use crate::lease::{Lease, LeaseInfo};
 use crate::metrics;
 use crate::policy::{API, LockOptions};
+use crate::signal::{LeaseMonitor, Shared};
 use crate::token::Owner;
 
 /// Acquires leases from one backend: trying once, waiting with a budget, renewing, and cleaning

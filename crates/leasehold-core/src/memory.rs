@@ -8,13 +8,12 @@ use async_trait::async_trait;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::backend::{
-    ExtendRequest, Grant, Held, HolderInfo, LockBackend, LockRequest, Validity, Waited,
-};
+use crate::backend::{ExtendRequest, Grant, Held, HolderInfo, LockBackend, LockRequest, Waited};
 use crate::caps::{Capabilities, FencingKind, SafetyClass, WaitKind};
 use crate::error::Error;
 use crate::key::LockKey;
 use crate::token::{FencingToken, Owner};
+use crate::validity::Validity;
 
 /// Locks held in this process's memory: the embedded default, and the reference the conformance
 /// suite is checked against.

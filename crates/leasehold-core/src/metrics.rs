@@ -18,7 +18,8 @@
 //! | `leasehold_requests_total` | counter | `route`, `outcome` | recorded by `leasehold-tower`'s `LockLayer`: one per request, see its documentation |
 //!
 //! `backend` is the backend's name (`memory`, `redis`, `redlock`, `postgres`, `etcd`, `file`,
-//! …). Call [`describe`] once after installing the recorder to register units and help texts.
+//! …). Call `describe()` (with the feature on) once after installing the recorder to register
+//! units and help texts.
 
 /// Histogram: seconds per `try_acquire` / `acquire` call, by `backend` and `outcome`.
 pub const ACQUIRE_SECONDS: &str = "leasehold_acquire_seconds";
@@ -40,7 +41,7 @@ pub const REQUESTS: &str = "leasehold_requests_total";
 #[cfg(feature = "metrics")]
 use crate::error::ErrorKind;
 #[cfg(feature = "metrics")]
-use crate::lease::LossReason;
+use crate::loss::LossReason;
 
 /// Registers the unit and help text of every metric with the installed recorder (the
 /// Prometheus exporter prints them as `# HELP` lines). Needs the `metrics` feature.

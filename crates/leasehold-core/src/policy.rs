@@ -7,9 +7,9 @@ use std::time::Duration;
 use rand::Rng;
 use tokio::time::Instant;
 
-use crate::backend::Validity;
 use crate::caps::Capabilities;
 use crate::error::{Error, ErrorKind};
+use crate::validity::Validity;
 
 /// Name used in errors raised by the lock API itself rather than by a backend.
 pub(crate) const API: &str = "leasehold";

@@ -1,15 +1,13 @@
-//! A minimal fenced resource, for checking fencing tokens in tests.
+//! A minimal fenced resource, for checking fencing tokens in tests: the core's
+//! [`MemoryFenceStore`] with a synchronous, `Result`-shaped write.
 
-use std::collections::HashMap;
-use std::sync::{Mutex, PoisonError};
-
-use leasehold_core::FencingToken;
+use leasehold_core::{Admission, FencingToken, MemoryFenceStore};
 
 /// A resource that remembers the highest fencing token it has accepted per name and rejects any
-/// lower one, as a real store must (DESIGN.md point 2).
+/// lower one, as a real store must: a paused holder's late write carries an old token.
 #[derive(Debug, Default)]
 pub struct FencedResource {
-    highest: Mutex<HashMap<String, u64>>,
+    store: MemoryFenceStore,
 }
 
 /// A write rejected because a newer holder has already written.
@@ -29,15 +27,12 @@ impl FencedResource {
 
     /// Accepts a write to `name` with `token` unless a higher token was already accepted.
     pub fn write(&self, name: &str, token: FencingToken) -> Result<(), StaleToken> {
-        let mut map = self.highest.lock().unwrap_or_else(PoisonError::into_inner);
-        let seen = map.entry(name.to_owned()).or_insert(0);
-        if token.get() < *seen {
-            return Err(StaleToken {
+        match self.store.admit_now(name, token) {
+            Admission::Accepted => Ok(()),
+            Admission::Stale { highest } => Err(StaleToken {
                 given: token.get(),
-                seen: *seen,
-            });
+                seen: highest.get(),
+            }),
         }
-        *seen = token.get();
-        Ok(())
     }
 }

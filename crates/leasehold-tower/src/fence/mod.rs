@@ -5,16 +5,15 @@ mod layer;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod service;
-mod store;
 
 use leasehold_core::FencingToken;
 
 pub use future::ResponseFuture;
 pub use layer::FenceLayer;
+pub use leasehold_core::fence::{Admission, FenceStore, MemoryFenceStore};
 #[cfg(feature = "postgres")]
 pub use postgres::PostgresFenceStore;
 pub use service::Fence;
-pub use store::{Admission, FenceStore, MemoryFenceStore};
 
 /// Reads the protected resource and the fencing token from a request; `None` when the request
 /// carries none (it is then rejected with [`FenceError::MissingToken`](crate::FenceError)).
