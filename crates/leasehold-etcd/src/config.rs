@@ -3,6 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
+use leasehold_core::redaction::MASK;
 use leasehold_core::{Error, ErrorKind};
 
 use crate::NAME;
@@ -50,7 +51,7 @@ impl fmt::Debug for TlsConfig {
         f.debug_struct("TlsConfig")
             .field("ca_pem", &self.ca_pem.as_ref().map(|c| c.len()))
             .field("domain", &self.domain)
-            .field("identity", &self.identity.as_ref().map(|_| "<redacted>"))
+            .field("identity", &self.identity.as_ref().map(|_| MASK))
             .finish()
     }
 }
@@ -90,7 +91,7 @@ impl fmt::Debug for EtcdConfig {
         let mut d = f.debug_struct("EtcdConfig");
         d.field("endpoints", &self.endpoints)
             .field("user", &self.user)
-            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .field("password", &self.password.as_ref().map(|_| MASK))
             .field("prefix", &self.prefix)
             .field("lease_mode", &self.lease_mode)
             .field("session_ttl", &self.session_ttl)
@@ -361,7 +362,7 @@ mod tests {
             !dbg.contains("s@cret") && !dbg.contains("s%40cret"),
             "{dbg}"
         );
-        assert!(dbg.contains("<redacted>"), "{dbg}");
+        assert!(dbg.contains(MASK), "{dbg}");
     }
 
     #[test]

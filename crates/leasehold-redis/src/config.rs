@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use leasehold_core::{Backoff, Drift, Error, ErrorKind};
+use leasehold_core::{Backoff, Drift, Error, ErrorKind, redact};
 use redis::{ConnectionInfo, IntoConnectionInfo, ProtocolVersion};
 
 use crate::keys::{DEFAULT_PREFIX, check_prefix};
@@ -33,41 +33,6 @@ pub(crate) const REDLOCK: &str = "redlock";
 /// The URL option that turns [fair mode](RedisConfig::with_fair_queue) on, with the grace
 /// period in milliseconds: `redis://host:6379?fair_queue_ms=1000`.
 const FAIR_QUEUE_MS: &str = "fair_queue_ms";
-
-/// Replaces the password in a URL with `***`, for messages and Debug output.
-pub(crate) fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(authority_end);
-    let authority = match authority.rfind('@') {
-        Some(at) => {
-            let (userinfo, host) = authority.split_at(at);
-            match userinfo.split_once(':') {
-                Some((user, _)) => format!("{user}:***{host}"),
-                // A bare userinfo in a Redis URL is a password (`redis://pw@host`).
-                None => format!("***{host}"),
-            }
-        }
-        None => authority.to_owned(),
-    };
-    format!("{scheme}://{authority}{}", redact_query(tail))
-}
-
-fn redact_query(tail: &str) -> String {
-    let Some((path, query)) = tail.split_once('?') else {
-        return tail.to_owned();
-    };
-    let parts: Vec<String> = query
-        .split('&')
-        .map(|kv| match kv.split_once('=') {
-            Some((k, _)) if k.eq_ignore_ascii_case("password") => format!("{k}=***"),
-            _ => kv.to_owned(),
-        })
-        .collect();
-    format!("{path}?{}", parts.join("&"))
-}
 
 /// Makes rustls use the *ring* provider unless the process already chose one.
 pub(crate) fn install_crypto_provider() {

@@ -5,10 +5,10 @@ use std::path::Path;
 use std::time::Duration;
 
 use leasehold_core::driver::{Opening, Target};
+use leasehold_core::redact;
 use leasehold_core::{Backoff, Drift, Error, LockOptions, Locker, Renewal};
 use serde::Deserialize;
 
-use crate::redact::redact;
 use crate::registry::{invalid, open, scheme_of};
 use crate::table::BackendTable;
 

@@ -89,7 +89,6 @@
 
 mod config;
 mod env;
-mod redact;
 mod registry;
 mod table;
 

@@ -4,9 +4,8 @@
 use std::sync::Arc;
 
 use leasehold_core::driver::{self, Driver, Opening, Target};
+use leasehold_core::redact;
 use leasehold_core::{Error, ErrorKind, LockBackend};
-
-use crate::redact::redact;
 
 /// Name used as the backend of configuration errors.
 pub(crate) const CONFIG: &str = "config";

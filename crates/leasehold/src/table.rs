@@ -3,10 +3,10 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
+use leasehold_core::redact;
+use leasehold_core::redaction::{MASK, is_secret_name};
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use serde::Deserialize;
-
-use crate::redact::redact;
 
 /// The table form of a backend (`[backend]`), for keeping the password out of the URL (set it
 /// from `LEASEHOLD_BACKEND_PASSWORD`, for example).
@@ -44,22 +44,19 @@ impl fmt::Debug for BackendTable {
             .field("scheme", &self.scheme)
             .field("hosts", &self.hosts)
             .field("user", &self.user)
-            .field("password", &self.password.as_ref().map(|_| "***"))
+            .field("password", &self.password.as_ref().map(|_| MASK))
             .field("database", &self.database)
             .field("options", &redact_options(&self.options))
             .finish()
     }
 }
 
+/// The options with the value of every secret one (see [`is_secret_name`]) masked.
 fn redact_options(options: &BTreeMap<String, String>) -> BTreeMap<&str, &str> {
     options
         .iter()
         .map(|(k, v)| {
-            let shown = if k.eq_ignore_ascii_case("password") {
-                "***"
-            } else {
-                v.as_str()
-            };
+            let shown = if is_secret_name(k) { MASK } else { v };
             (k.as_str(), shown)
         })
         .collect()
