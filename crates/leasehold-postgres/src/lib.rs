@@ -165,6 +165,7 @@
 mod backend;
 mod config;
 mod error;
+mod fence;
 mod gate;
 mod key;
 mod probe;
@@ -178,6 +179,7 @@ pub use config::{
     DEFAULT_FENCE_SCHEMA, DEFAULT_FENCE_SEQUENCE, DEFAULT_HEALTH_INTERVAL, DEFAULT_HEALTH_TIMEOUT,
     DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_IDLE_SESSIONS, DEFAULT_PREFIX, PostgresConfig, SCHEMES,
 };
+pub use fence::PostgresFenceStore;
 pub use key::{NUMERIC_KEY_PREFIX, advisory_key, numeric_key, pg_locks_ids};
 
 use leasehold_core::Error;

@@ -46,7 +46,18 @@ impl Canceller {
     }
 }
 
-/// Connects and spawns the connection task; the receiver turns `true` when it ends.
+/// Connects with `cfg`'s settings (TLS as its `sslmode` says) and spawns the connection task;
+/// the receiver turns `true` when it ends.
+pub(crate) async fn connect(
+    cfg: &PostgresConfig,
+) -> Result<(Client, watch::Receiver<bool>), Error> {
+    let connected = match &cfg.tls {
+        Some(tls) => connect_with(&cfg.pg, tls.connector.clone()).await,
+        None => connect_with(&cfg.pg, NoTls).await,
+    };
+    connected.map_err(|e| connect_error(cfg, e))
+}
+
 async fn connect_with<T>(
     pg: &tokio_postgres::Config,
     tls: T,
@@ -75,11 +86,7 @@ impl Session {
         sequence_ready: &OnceCell<()>,
     ) -> Result<Self, Error> {
         let tls = cfg.tls.clone();
-        let connected = match &tls {
-            Some(tls) => connect_with(&cfg.pg, tls.connector.clone()).await,
-            None => connect_with(&cfg.pg, NoTls).await,
-        };
-        let (client, closed) = connected.map_err(|e| connect_error(cfg, e))?;
+        let (client, closed) = connect(cfg).await?;
         sequence_ready
             .get_or_try_init(|| create_sequence(&client, seq_sql))
             .await?;
