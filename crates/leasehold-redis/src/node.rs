@@ -201,8 +201,9 @@ impl Node {
         cmd.arg(owner.as_str())
             .arg(if self.is_cluster() { "S" } else { "" })
             .arg(if fair { "F" } else { "" });
-        let n: i64 = self.eval(&RELEASE, &cmd, "release").await?;
-        Ok(n == 1)
+        self.eval::<i64>(&RELEASE, &cmd, "release")
+            .await
+            .map(|n| n == 1)
     }
 
     /// Compare-and-pexpire; with `reset`, sets the key again if it is missing.
@@ -218,8 +219,7 @@ impl Node {
             .arg(owner.as_str())
             .arg(ttl_ms(ttl))
             .arg(if reset { "1" } else { "0" });
-        let n: i64 = self.eval(&EXTEND, &cmd, "extend").await?;
-        Ok(n == 1)
+        Ok(self.eval::<i64>(&EXTEND, &cmd, "extend").await? == 1)
     }
 
     /// The holder's owner value, remaining TTL and the lock's fence counter.

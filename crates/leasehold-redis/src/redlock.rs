@@ -263,6 +263,11 @@ impl RedlockBackend {
         self.inner.config.quorum()
     }
 
+    /// An empty tally of a fan-out to every node.
+    fn tally(&self, what: &'static str, yes: &'static str, no: &'static str) -> Tally {
+        Tally::new(what, yes, no, self.inner.nodes.len(), self.quorum())
+    }
+
     /// The per-node bound for a request on a lease of `ttl`.
     fn node_timeout(&self, ttl: Duration) -> Duration {
         let c = &self.inner.config;
@@ -382,13 +387,7 @@ impl RedlockBackend {
             drop(decision);
             all.for_each(|()| std::future::ready(())).await;
         });
-        let mut tally = Tally::new(
-            "acquire",
-            "granted",
-            "held by another owner",
-            n,
-            self.quorum(),
-        );
+        let mut tally = self.tally("acquire", "granted", "held by another owner");
         if tally.until_decided(&mut rx).await {
             if self.validity_left(req.started, ttl).is_some() {
                 decide.send_replace(Some(true));
@@ -466,8 +465,7 @@ impl LockBackend for RedlockBackend {
                 node.release(&names, &owner, false).await
             }
         });
-        let n = self.inner.nodes.len();
-        let mut tally = Tally::new("release", "released", "not ours", n, self.quorum());
+        let mut tally = self.tally("release", "released", "not ours");
         if tally.until_decided(&mut rx).await {
             return Ok(true);
         }
@@ -484,14 +482,7 @@ impl LockBackend for RedlockBackend {
             // A node that lost the key (restarted empty) gets it set again with our value.
             async move { node.extend(&names, &owner, ttl, true).await }
         });
-        let n = self.inner.nodes.len();
-        let mut tally = Tally::new(
-            "extend",
-            "extended",
-            "held by another owner",
-            n,
-            self.quorum(),
-        );
+        let mut tally = self.tally("extend", "extended", "held by another owner");
         if tally.until_decided(&mut rx).await {
             return Ok(self
                 .validity_left(req.started, ttl)
