@@ -96,6 +96,19 @@ pub struct Driver {
 }
 
 impl Driver {
+    /// The entry of a driver called `name` that opens `schemes` with `open`.
+    pub const fn new(
+        name: &'static str,
+        schemes: &'static [&'static str],
+        open: fn(&Target<'_>) -> Result<Opening, Error>,
+    ) -> Self {
+        Self {
+            name,
+            schemes,
+            open,
+        }
+    }
+
     /// Whether this driver opens `scheme`.
     pub fn opens(&self, scheme: &str) -> bool {
         self.schemes.contains(&scheme)
@@ -119,11 +132,7 @@ pub fn ready<B: LockBackend + 'static>(backend: B) -> Opening {
 }
 
 /// The in-memory backend's entry: `memory://`, exactly (no host, path or options).
-pub static MEMORY: Driver = Driver {
-    name: "memory",
-    schemes: &["memory"],
-    open: open_memory,
-};
+pub static MEMORY: Driver = Driver::new("memory", &["memory"], open_memory);
 
 fn open_memory(t: &Target<'_>) -> Result<Opening, Error> {
     if t.url != "memory://" {

@@ -138,14 +138,13 @@ pub(crate) const NAME: &str = "etcd";
 
 /// The driver's entry for a registry (the `leasehold` facade's): opens `etcd://`, and
 /// `etcds://` with the crate feature `tls`.
-pub static DRIVER: Driver = Driver {
-    name: NAME,
-    #[cfg(feature = "tls")]
-    schemes: SCHEMES,
-    #[cfg(not(feature = "tls"))]
-    schemes: &["etcd"],
-    open,
-};
+pub static DRIVER: Driver = Driver::new(NAME, OPENS, open);
+
+/// The schemes this build opens: `etcds` needs the `tls` feature.
+#[cfg(feature = "tls")]
+const OPENS: &[&str] = SCHEMES;
+#[cfg(not(feature = "tls"))]
+const OPENS: &[&str] = &["etcd"];
 
 fn open(target: &Target<'_>) -> Result<Opening, Error> {
     let config = target.prefixed(EtcdConfig::from_url(target.url)?, |c, p| c.with_prefix(p))?;

@@ -55,7 +55,6 @@
 
 #![cfg(unix)]
 
-use std::fmt;
 use std::fs::{self, File, OpenOptions, TryLockError};
 use std::io::{self, Read, Seek, Write};
 use std::os::unix::fs::MetadataExt;
@@ -86,11 +85,7 @@ pub const DEFAULT_PREFIX: &str = "";
 
 /// The driver's entry for a registry (the `leasehold` facade's): opens [`SCHEMES`]. A
 /// configured key prefix is ignored (see [`DEFAULT_PREFIX`]).
-pub static DRIVER: Driver = Driver {
-    name: NAME,
-    schemes: SCHEMES,
-    open,
-};
+pub static DRIVER: Driver = Driver::new(NAME, SCHEMES, open);
 
 fn open(target: &Target<'_>) -> Result<Opening, Error> {
     let config = FileConfig::from_url(target.url)?;
@@ -99,19 +94,10 @@ fn open(target: &Target<'_>) -> Result<Opening, Error> {
 }
 
 /// Where the lock files live, and how often a held lock is checked.
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FileConfig {
     dir: PathBuf,
     check_interval: Duration,
-}
-
-impl fmt::Debug for FileConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("FileConfig")
-            .field("dir", &self.dir)
-            .field("check_interval", &self.check_interval)
-            .finish()
-    }
 }
 
 impl Default for FileConfig {

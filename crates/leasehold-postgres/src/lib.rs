@@ -207,11 +207,7 @@ pub const KEY_SQL: &str = "WITH prk AS ( \
 
 /// The driver's entry for a registry (the `leasehold` facade's): opens [`SCHEMES`] (and
 /// checks the URL with one session, as [`PostgresBackend::connect`] does).
-pub static DRIVER: Driver = Driver {
-    name: NAME,
-    schemes: SCHEMES,
-    open,
-};
+pub static DRIVER: Driver = Driver::new(NAME, SCHEMES, open);
 
 fn open(target: &Target<'_>) -> Result<Opening, Error> {
     let config = PostgresConfig::from_url(target.url)?;

@@ -133,11 +133,7 @@ pub use single::RedisBackend;
 
 /// The driver's entry for a registry (the `leasehold` facade's): opens every scheme of
 /// [`SCHEMES`], and a list of `redis://` nodes as Redlock.
-pub static DRIVER: Driver = Driver {
-    name: config::REDIS,
-    schemes: SCHEMES,
-    open,
-};
+pub static DRIVER: Driver = Driver::new(config::REDIS, SCHEMES, open);
 
 fn open(target: &Target<'_>) -> Result<Opening, Error> {
     let redlock = target
