@@ -151,18 +151,7 @@ impl EtcdBackend {
             },
         };
         let (tx, rx) = oneshot::channel();
-        let job = Job {
-            inner: Arc::clone(&self.inner),
-            prefix,
-            owner: req.owner.as_str().to_owned(),
-            ttl: req.ttl,
-            started: req.started,
-            monitor: req.monitor.clone(),
-            mode,
-            session,
-            slot,
-            created: false,
-        };
+        let job = Job::new(&self.inner, prefix, &req, mode, session, slot);
         // The etcd part runs in its own task, so a request that was sent always has its
         // outcome seen: if our caller is gone by then, the task deletes what it created.
         tokio::spawn(job.run(tx));

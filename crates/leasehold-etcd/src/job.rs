@@ -8,7 +8,7 @@ use etcd_client::{
     Compare, CompareOp, EventType, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn,
     TxnOp, TxnResponse, WatchFilterType, WatchOptions,
 };
-use leasehold_core::{Error, ErrorKind, FencingToken, Grant, LeaseMonitor, Validity};
+use leasehold_core::{Error, ErrorKind, FencingToken, Grant, LeaseMonitor, LockRequest, Validity};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
@@ -25,24 +25,48 @@ pub(crate) enum Mode {
 
 /// The etcd part of one acquisition, run in its own task.
 pub(crate) struct Job {
-    pub(crate) inner: Arc<Inner>,
-    pub(crate) prefix: Vec<u8>,
-    pub(crate) owner: String,
-    pub(crate) ttl: Duration,
+    inner: Arc<Inner>,
+    prefix: Vec<u8>,
+    owner: String,
+    ttl: Duration,
     /// The instant before our caller sent the request: no validity starts later.
-    pub(crate) started: Instant,
-    pub(crate) monitor: LeaseMonitor,
-    pub(crate) mode: Mode,
+    started: Instant,
+    monitor: LeaseMonitor,
+    mode: Mode,
     /// The session lease (given in session mode; granted by the job in per-lock mode).
-    pub(crate) session: Option<Arc<Session>>,
-    pub(crate) slot: Option<LocalSlot>,
+    session: Option<Arc<Session>>,
+    slot: Option<LocalSlot>,
     /// Whether a write of our key may have reached etcd.
-    pub(crate) created: bool,
+    created: bool,
 }
 
 type Answer = oneshot::Sender<Result<Option<Grant>, Error>>;
 
 impl Job {
+    /// The etcd part of `req`, under the lock prefix `prefix`, on `session` (granted by the
+    /// job itself when `None`) and holding the in-process `slot`.
+    pub(crate) fn new(
+        inner: &Arc<Inner>,
+        prefix: Vec<u8>,
+        req: &LockRequest<'_>,
+        mode: Mode,
+        session: Option<Arc<Session>>,
+        slot: Option<LocalSlot>,
+    ) -> Self {
+        Self {
+            inner: Arc::clone(inner),
+            prefix,
+            owner: req.owner.as_str().to_owned(),
+            ttl: req.ttl,
+            started: req.started,
+            monitor: req.monitor.clone(),
+            mode,
+            session,
+            slot,
+            created: false,
+        }
+    }
+
     pub(crate) async fn run(mut self, mut tx: Answer) {
         let outcome = self.attempt(&mut tx).await;
         let per_lock = self.inner.config.lease_mode == LeaseMode::PerLock;

@@ -78,27 +78,26 @@ impl<'de> Deserialize<'de> for RenewalSetting {
 
 /// Retry backoff of waiting acquisitions (`[backoff]`): `initial` and `max` delays.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 #[non_exhaustive]
 pub struct BackoffConfig {
     /// Upper bound of the first delay (default 10 ms).
-    #[serde(default, with = "humantime_serde")]
+    #[serde(with = "humantime_serde")]
     pub initial: Option<Duration>,
     /// Upper bound of every delay (default 500 ms).
-    #[serde(default, with = "humantime_serde")]
+    #[serde(with = "humantime_serde")]
     pub max: Option<Duration>,
 }
 
 /// The drift margin (`[drift]`): `ttl × factor + fixed`.
 #[derive(Debug, Clone, Copy, PartialEq, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 #[non_exhaustive]
 pub struct DriftConfig {
     /// Proportional part, in `[0, 1)` (default 0.01).
-    #[serde(default)]
     pub factor: Option<f64>,
     /// Fixed part (default 2 ms).
-    #[serde(default, with = "humantime_serde")]
+    #[serde(with = "humantime_serde")]
     pub fixed: Option<Duration>,
 }
 
@@ -154,40 +153,32 @@ pub struct DriftConfig {
 /// `Debug`, `Display` and every error show URLs with the password replaced by `***`, and never
 /// the `[backend]` password.
 #[derive(Clone, Default, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 #[non_exhaustive]
 pub struct LockConfig {
     /// The backend's URL: `memory://`, `redis://…`, `redlock://h1,h2,h3`, `postgres://…`,
     /// `etcd://…`.
-    #[serde(default)]
     pub url: Option<String>,
     /// Redlock: one `redis://` URL per node (at least 3).
-    #[serde(default)]
     pub urls: Option<Vec<String>>,
     /// The backend in table form.
-    #[serde(default)]
     pub backend: Option<BackendTable>,
     /// Lease duration (default 30 s).
-    #[serde(default, with = "humantime_serde")]
+    #[serde(with = "humantime_serde")]
     pub ttl: Option<Duration>,
     /// Wait budget for acquisitions that wait (default 10 s); see [`wait_budget`](Self::wait_budget).
-    #[serde(default, with = "humantime_serde")]
+    #[serde(with = "humantime_serde")]
     pub wait: Option<Duration>,
     /// Retry backoff.
-    #[serde(default)]
     pub backoff: Option<BackoffConfig>,
     /// Automatic renewal (default `auto`).
-    #[serde(default)]
     pub renewal: Option<RenewalSetting>,
     /// Drift margin.
-    #[serde(default)]
     pub drift: Option<DriftConfig>,
     /// Key prefix, passed to the driver (each driver has its own default). The memory backend,
     /// being private to the process, has no prefix and ignores it.
-    #[serde(default)]
     pub key_prefix: Option<String>,
     /// Efficiency (default) or correctness.
-    #[serde(default)]
     pub require: Require,
 }
 

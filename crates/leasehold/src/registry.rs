@@ -24,30 +24,24 @@ static DRIVERS: &[(&Driver, &str)] = &[
     (&leasehold_etcd::DRIVER, "etcd"),
 ];
 
-/// The schemes of the drivers this build lacks, with the facade feature that adds each: only
-/// for saying which feature to turn on (a driver that is not compiled in has no table to
-/// ask). Each entry exists only while its driver is out of the build.
-static MISSING: &[(&str, &[&str])] = &[
+/// The schemes of the drivers this build lacks (space-separated), with the facade feature
+/// that adds each: only for saying which feature to turn on, since a driver that is not
+/// compiled in has no table to ask. Each entry exists only while its driver is out of the
+/// build.
+static MISSING: &[(&str, &str)] = &[
     #[cfg(not(all(feature = "file", unix)))]
-    ("file", &["file"]),
+    ("file", "file"),
     #[cfg(not(feature = "redis"))]
     (
         "redis",
-        &[
-            "redis",
-            "rediss",
-            "redis+unix",
-            "unix",
-            "redis-cluster",
-            "redlock",
-        ],
+        "redis rediss redis+unix unix redis-cluster redlock",
     ),
     #[cfg(not(feature = "postgres"))]
-    ("postgres", &["postgres", "postgresql"]),
+    ("postgres", "postgres postgresql"),
     #[cfg(not(feature = "etcd"))]
-    ("etcd", &["etcd"]),
+    ("etcd", "etcd"),
     #[cfg(not(feature = "etcd-tls"))]
-    ("etcd-tls", &["etcds"]),
+    ("etcd-tls", "etcds"),
 ];
 
 fn driver_of(scheme: &str) -> Option<&'static Driver> {
@@ -70,7 +64,7 @@ pub fn available_schemes() -> Vec<&'static str> {
 pub fn scheme_feature(scheme: &str) -> Option<&'static str> {
     let missing = MISSING
         .iter()
-        .find(|(_, schemes)| schemes.contains(&scheme));
+        .find(|(_, schemes)| schemes.split(' ').any(|s| s == scheme));
     let compiled = DRIVERS.iter().find(|(d, _)| d.opens(scheme));
     missing
         .map(|(feature, _)| *feature)
@@ -115,7 +109,9 @@ pub(crate) fn open(field: &str, scheme: &str, target: &Target<'_>) -> Result<Ope
             let missing: Vec<String> = MISSING
                 .iter()
                 .flat_map(|(f, schemes)| {
-                    schemes.iter().map(move |s| format!("{s} (feature `{f}`)"))
+                    schemes
+                        .split(' ')
+                        .map(move |s| format!("{s} (feature `{f}`)"))
                 })
                 .collect();
             let mut msg = format!(

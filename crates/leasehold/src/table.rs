@@ -3,8 +3,8 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
+use leasehold_core::Redacted;
 use leasehold_core::redact;
-use leasehold_core::redaction::{MASK, is_secret_name};
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use serde::Deserialize;
 
@@ -39,27 +39,12 @@ pub struct BackendTable {
 }
 
 impl fmt::Debug for BackendTable {
+    /// The URL it stands for, through the one redaction rule ([`redact`]).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("BackendTable")
-            .field("scheme", &self.scheme)
-            .field("hosts", &self.hosts)
-            .field("user", &self.user)
-            .field("password", &self.password.as_ref().map(|_| MASK))
-            .field("database", &self.database)
-            .field("options", &redact_options(&self.options))
+        f.debug_tuple("BackendTable")
+            .field(&Redacted(self.to_url()))
             .finish()
     }
-}
-
-/// The options with the value of every secret one (see [`is_secret_name`]) masked.
-fn redact_options(options: &BTreeMap<String, String>) -> BTreeMap<&str, &str> {
-    options
-        .iter()
-        .map(|(k, v)| {
-            let shown = if is_secret_name(k) { MASK } else { v };
-            (k.as_str(), shown)
-        })
-        .collect()
 }
 
 impl BackendTable {
