@@ -88,9 +88,9 @@ impl Fixture {
         let ours = |mode: LeaseMode| {
             let cfg = EtcdConfig::new(endpoints.iter().cloned())
                 .with_prefix(&prefix)
-                .with_lease_mode(mode);
+                .map(|c| c.with_lease_mode(mode));
             async move {
-                let backend = EtcdBackend::connect(cfg).await?;
+                let backend = EtcdBackend::connect(cfg?).await?;
                 Ok::<_, BoxError>(
                     Locker::new(backend).with_options(
                         LockOptions::default()

@@ -20,10 +20,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::FutureExt as _;
-use leasehold_core::{
-    Capabilities, FencingKind, FileBackend, FileConfig, LockOptions, Locker, MemoryBackend,
-};
+use leasehold_core::{Capabilities, FencingKind, LockOptions, Locker, MemoryBackend};
 use leasehold_etcd::{EtcdBackend, EtcdConfig};
+use leasehold_file::{FileBackend, FileConfig};
 use leasehold_postgres::{PostgresBackend, PostgresConfig, advisory_key, pg_locks_ids};
 use leasehold_redis::{RedisBackend, RedisConfig, RedlockBackend, RedlockConfig};
 use leasehold_test_support::proxy::FaultProxy;

@@ -17,8 +17,9 @@
 //!   than the highest seen ([`MemoryFenceStore`] in one process; [`fence`] explains the rule).
 //! - [`redact`] hides passwords and tokens in URLs, option strings and messages: every crate of
 //!   leasehold shows configuration through it (the rules are in [`redaction`]).
-//! - [`MemoryBackend`] is the in-process default; [`FileBackend`] locks across the processes of
-//!   one host with operating-system file locks (`file://`).
+//! - [`MemoryBackend`] is the in-process default.
+//! - [`driver::Driver`] is the table each driver crate exports, so that a registry opens
+//!   backends by URL scheme.
 //!
 //! # What this does not promise
 //!
@@ -27,15 +28,15 @@
 //! declare whether they mint one; `Capabilities::correctness_gap` explains what a backend lacks
 //! for correctness-critical use.
 //!
-//! This crate depends on no driver: drivers live in `leasehold-redis`, `leasehold-postgres` and
-//! `leasehold-etcd`, and the facade `leasehold` re-exports them.
+//! This crate depends on no driver: drivers live in `leasehold-redis`, `leasehold-postgres`,
+//! `leasehold-etcd` and `leasehold-file`, and the facade `leasehold` re-exports them.
 
 mod backend;
 mod caps;
 mod detach;
+pub mod driver;
 mod error;
 pub mod fence;
-pub mod file;
 mod key;
 mod lease;
 mod locker;
@@ -55,7 +56,6 @@ pub use caps::{Capabilities, DEFAULT_MAX_TTL, FencingKind, RenewalKind, SafetyCl
 pub use detach::settle;
 pub use error::{Error, ErrorKind, NodeError};
 pub use fence::{Admission, FenceStore, MemoryFenceStore};
-pub use file::{FileBackend, FileConfig};
 pub use key::{IntoLockKey, KeyError, LockKey, MAX_KEY_LEN};
 pub use lease::{Lease, LeaseInfo};
 pub use locker::Locker;

@@ -3,6 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
+use leasehold_core::redaction::MASK;
 use leasehold_core::{Error, ErrorKind};
 
 use crate::NAME;
@@ -50,7 +51,7 @@ impl fmt::Debug for TlsConfig {
         f.debug_struct("TlsConfig")
             .field("ca_pem", &self.ca_pem.as_ref().map(|c| c.len()))
             .field("domain", &self.domain)
-            .field("identity", &self.identity.as_ref().map(|_| "<redacted>"))
+            .field("identity", &self.identity.as_ref().map(|_| MASK))
             .finish()
     }
 }
@@ -90,7 +91,7 @@ impl fmt::Debug for EtcdConfig {
         let mut d = f.debug_struct("EtcdConfig");
         d.field("endpoints", &self.endpoints)
             .field("user", &self.user)
-            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .field("password", &self.password.as_ref().map(|_| MASK))
             .field("prefix", &self.prefix)
             .field("lease_mode", &self.lease_mode)
             .field("session_ttl", &self.session_ttl)
@@ -244,10 +245,13 @@ impl EtcdConfig {
         self
     }
 
-    /// Sets the key prefix.
-    pub fn with_prefix(mut self, prefix: impl Into<String>) -> Self {
+    /// Sets the key prefix (no NUL byte; may be empty).
+    pub fn with_prefix(mut self, prefix: impl Into<String>) -> Result<Self, Error> {
         self.prefix = prefix.into();
-        self
+        if self.prefix.contains('\0') {
+            return Err(invalid("the key prefix contains a NUL byte"));
+        }
+        Ok(self)
     }
 
     /// Sets the lease mode.
@@ -328,22 +332,12 @@ fn number(key: &str, v: &str) -> Result<u64, Error> {
         .map_err(|_| invalid(format!("{key}={v:?} is not a whole number")))
 }
 
-/// Decodes `%XX` escapes; `None` on a malformed escape or invalid UTF-8.
+/// Decodes `%XX` escapes; `None` if the result is not UTF-8.
 fn percent_decode(s: &str) -> Option<String> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = s.get(i + 1..i + 3)?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
+    percent_encoding::percent_decode_str(s)
+        .decode_utf8()
+        .ok()
+        .map(Into::into)
 }
 
 #[cfg(test)]
@@ -368,7 +362,7 @@ mod tests {
             !dbg.contains("s@cret") && !dbg.contains("s%40cret"),
             "{dbg}"
         );
-        assert!(dbg.contains("<redacted>"), "{dbg}");
+        assert!(dbg.contains(MASK), "{dbg}");
     }
 
     #[test]

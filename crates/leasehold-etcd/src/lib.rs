@@ -5,8 +5,9 @@
 //! # async fn demo() -> Result<(), leasehold_core::Error> {
 //! use std::time::Duration;
 //! use leasehold_core::Locker;
+//! use leasehold_etcd::{EtcdBackend, EtcdConfig};
 //!
-//! let backend = leasehold_etcd::connect("etcd://127.0.0.1:2379").await?;
+//! let backend = EtcdBackend::connect(EtcdConfig::from_url("etcd://127.0.0.1:2379")?).await?;
 //! let locker = Locker::new(backend);
 //! let lease = locker.acquire("billing/export", Duration::from_secs(5)).await?;
 //! let token = lease.fencing_token(); // the key's create revision: send it with every write
@@ -88,13 +89,9 @@
 //! request's, rounded up to whole seconds), revoked on release: independent expiry, two more
 //! writes per lock (grant and revoke).
 //!
-//! Measured on the project's loopback servers (etcd 3.4; `cargo run --release -p
-//! leasehold-bench -- etcd`: 300 interleaved acquire + release cycles of each kind, p50, on a
-//! shared 2-core machine): the session-lease cycle costs 1.03–1.08× etcd's raw Lock + Unlock
-//! RPCs on a shared kept-alive lease on one member (about 1.6–2.6 ms) and 1.04–1.05× on the
-//! 3-member cluster (about 5.3 ms); a lease per lock costs about 1.9–2.0× (its revoke runs in
-//! the background, outside the measured cycle), as does a raw cycle that grants and revokes
-//! a lease per lock.
+//! The session lease costs one write per lock; a lease per lock adds a grant and a revoke
+//! (`cargo run --release -p leasehold-bench -- perf` measures both against etcd's raw Lock
+//! and Unlock RPCs).
 //!
 //! # Cancellation and drop
 //!
@@ -122,7 +119,10 @@
 //! [`WaitKind::Native`]: leasehold_core::WaitKind::Native
 
 mod backend;
+mod client;
 mod config;
+mod error;
+mod job;
 mod session;
 
 pub use backend::EtcdBackend;
@@ -130,11 +130,23 @@ pub use backend::EtcdBackend;
 pub use config::TlsConfig;
 pub use config::{DEFAULT_PREFIX, EtcdConfig, LeaseMode, SCHEMES};
 
+use leasehold_core::Error;
+use leasehold_core::driver::{Driver, Opening, Target, connecting};
+
 /// The backend's name, as errors and leases report it.
 pub(crate) const NAME: &str = "etcd";
 
-/// Connects to etcd from a URL (see [`EtcdConfig::from_url`]): what the facade's registry
-/// calls for the schemes in [`SCHEMES`].
-pub async fn connect(url: &str) -> Result<EtcdBackend, leasehold_core::Error> {
-    EtcdBackend::connect(EtcdConfig::from_url(url)?).await
+/// The driver's entry for a registry (the `leasehold` facade's): opens `etcd://`, and
+/// `etcds://` with the crate feature `tls`.
+pub static DRIVER: Driver = Driver::new(NAME, OPENS, open);
+
+/// The schemes this build opens: `etcds` needs the `tls` feature.
+#[cfg(feature = "tls")]
+const OPENS: &[&str] = SCHEMES;
+#[cfg(not(feature = "tls"))]
+const OPENS: &[&str] = &["etcd"];
+
+fn open(target: &Target<'_>) -> Result<Opening, Error> {
+    let config = target.prefixed(EtcdConfig::from_url(target.url)?, |c, p| c.with_prefix(p))?;
+    Ok(connecting(EtcdBackend::connect(config)))
 }

@@ -8,7 +8,7 @@ use leasehold_core::{LeaseMonitor, Validity};
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
-use crate::backend::{EtcdError, with_timeout};
+use crate::error::{EtcdError, with_timeout};
 
 /// One etcd lease, kept alive by a background task over one keep-alive stream (reopened on
 /// another member when the stream fails), until it is dropped, closed, or lost.

@@ -333,12 +333,12 @@ async fn connect_errors_are_typed_and_never_show_the_password() {
     let ep = require_service!(Service::Etcd);
     // This member runs without authentication: etcd refuses to authenticate anyone.
     let url = format!("etcd://alice:hunter2@{}", ep.url());
-    let err = leasehold_etcd::connect(&url).await.unwrap_err();
+    let err = connect_url(&url).await.unwrap_err();
     let shown = format!("{err} {err:?}");
     assert!(!shown.contains("hunter2"), "{shown}");
     // Nothing listens on port 1.
     let t0 = Instant::now();
-    let err = leasehold_etcd::connect("etcd://127.0.0.1:1?timeout_ms=500&connect_timeout_ms=300")
+    let err = connect_url("etcd://127.0.0.1:1?timeout_ms=500&connect_timeout_ms=300")
         .await
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
@@ -348,6 +348,10 @@ async fn connect_errors_are_typed_and_never_show_the_password() {
         "took {:?}",
         t0.elapsed()
     );
-    let err = leasehold_etcd::connect("etcd://nohost").await.unwrap_err();
+    let err = connect_url("etcd://nohost").await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidConfig);
+}
+
+async fn connect_url(url: &str) -> Result<leasehold_etcd::EtcdBackend, leasehold_core::Error> {
+    leasehold_etcd::EtcdBackend::connect(leasehold_etcd::EtcdConfig::from_url(url)?).await
 }

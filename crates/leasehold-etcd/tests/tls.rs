@@ -72,7 +72,11 @@ fn url(s: &Secure, password: &str, ca: Option<&Path>, prefix: &str) -> String {
 
 /// Connects, bounded in time: a TLS or auth failure must come back as an error, never hang.
 async fn connect(url: &str) -> Result<EtcdBackend, Error> {
-    match timeout(Duration::from_secs(20), leasehold_etcd::connect(url)).await {
+    match timeout(Duration::from_secs(20), async {
+        EtcdBackend::connect(leasehold_etcd::EtcdConfig::from_url(url)?).await
+    })
+    .await
+    {
         Ok(r) => r,
         Err(_) => panic!("connect did not finish within 20 s"),
     }

@@ -11,14 +11,16 @@ use leasehold_core::{
     SafetyClass, Validity, WaitKind, Waited, async_trait,
 };
 use tokio::sync::OnceCell;
-use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
 use crate::NAME;
 use crate::config::PostgresConfig;
+use crate::error::{is_lock_timeout, pg_error};
 use crate::gate::{Gate, Gates};
 use crate::key::{advisory_key, explicit_key};
-use crate::session::{Probe, Session, WeakProbe, is_lock_timeout, pg_error};
+use crate::probe::Probe;
+use crate::session::{Canceller, Session};
+use crate::watch::{Abandon, CONNECTION_ENDED, Watched, Watcher, lock};
 
 /// How long a cleanup statement (the unlock after an abandoned try) may take before its
 /// session is closed instead.
@@ -94,7 +96,7 @@ impl Shared {
         ))
         .await?;
         self.opened.fetch_add(1, Ordering::Relaxed);
-        s.watcher = Some(Watcher::spawn(&s, &self.cfg));
+        s.watcher = Some(Watcher::spawn(s.weak_probe(), s.closed(), &self.cfg));
         Ok(s)
     }
 
@@ -303,8 +305,9 @@ impl PostgresBackend {
             gate: Mutex::new(gate),
         });
         if let Some(w) = &session.watcher {
+            let grant: Weak<GrantInner> = Arc::downgrade(&inner);
             w.watch(Watched {
-                grant: Arc::downgrade(&inner),
+                grant,
                 monitor: monitor.clone(),
             });
         }
@@ -376,7 +379,7 @@ impl Drop for Pending {
 /// Sends a cancel request for the session's running statement when dropped armed: a dropped
 /// native wait must not stay queued on the server. The session itself is closed as well, so
 /// the cancel cannot hit a later statement.
-struct CancelOnDrop(Option<crate::session::Canceller>);
+struct CancelOnDrop(Option<Canceller>);
 
 impl Drop for CancelOnDrop {
     fn drop(&mut self) {
@@ -403,8 +406,13 @@ struct GrantInner {
     gate: Mutex<Option<Gate>>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
+impl Abandon for GrantInner {
+    /// The grant is gone: close its session (ending the lock if the server still has it) and
+    /// let local contenders in.
+    fn abandon(&self) {
+        drop(self.take_session());
+        drop(lock(&self.gate).take());
+    }
 }
 
 impl GrantInner {
@@ -419,154 +427,6 @@ impl GrantInner {
 
     fn probe(&self) -> Option<Probe> {
         lock(&self.session).as_ref().map(Session::probe)
-    }
-
-    /// The grant is gone: close its session (ending the lock if the server still has it) and
-    /// let local contenders in.
-    fn abandon(&self) {
-        drop(self.take_session());
-        drop(lock(&self.gate).take());
-    }
-}
-
-/// The grant a lock session holds, as the session's health check sees it.
-#[derive(Debug)]
-struct Watched {
-    grant: Weak<GrantInner>,
-    monitor: LeaseMonitor,
-}
-
-impl Watched {
-    /// The grant is gone: tell the holder, close the session (ending the lock if the server
-    /// still has it) and let local contenders in.
-    fn lose(&self, why: String) {
-        tracing::warn!(reason = %why, "leasehold.lost: postgres lock session");
-        self.monitor.lost(why);
-        if let Some(g) = self.grant.upgrade() {
-            g.abandon();
-        }
-    }
-}
-
-/// The health check of one session: a task, started with the session and stopped when it is
-/// dropped, that checks the grant the session holds (if any) every `health_interval`, and at
-/// once when the connection ends. One task per session rather than one per lease: sessions are
-/// pooled, and spawning and aborting a task on every acquisition cost more client time than the
-/// rest of the cycle's bookkeeping.
-#[derive(Debug)]
-pub(crate) struct Watcher {
-    slot: Arc<Mutex<Option<Watched>>>,
-    task: AbortHandle,
-}
-
-impl Watcher {
-    fn spawn(session: &Session, cfg: &PostgresConfig) -> Self {
-        let slot = Arc::new(Mutex::new(None));
-        let task = tokio::spawn(watch_session(
-            Arc::clone(&slot),
-            session.weak_probe(),
-            session.closed(),
-            cfg.health_interval,
-            cfg.health_timeout,
-            cfg.validity_window(),
-        ));
-        Self {
-            slot,
-            task: task.abort_handle(),
-        }
-    }
-
-    fn watch(&self, w: Watched) {
-        *lock(&self.slot) = Some(w);
-    }
-
-    fn unwatch(&self) {
-        drop(lock(&self.slot).take());
-    }
-
-    /// Takes `grant` out of the slot if it is still the one watched.
-    fn take(&self, grant: &Arc<GrantInner>) -> Option<Watched> {
-        let mut slot = lock(&self.slot);
-        if slot
-            .as_ref()
-            .is_some_and(|w| std::ptr::eq(w.grant.as_ptr(), Arc::as_ptr(grant)))
-        {
-            slot.take()
-        } else {
-            None
-        }
-    }
-}
-
-impl Drop for Watcher {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-/// Why a grant is lost when its session's connection ends.
-const CONNECTION_ENDED: &str =
-    "the lock session's connection ended (server restart, pg_terminate_backend, network failure)";
-
-/// The loop of a [`Watcher`]. A grant is first checked within one `interval` of being put on
-/// the session (its validity, counted from the statement that took the lock, lasts
-/// `interval + timeout`), then every `interval`; a check counts only if it started after the
-/// grant was put on the session.
-async fn watch_session(
-    slot: Arc<Mutex<Option<Watched>>>,
-    probe: WeakProbe,
-    mut closed: tokio::sync::watch::Receiver<bool>,
-    interval: Duration,
-    timeout: Duration,
-    window: Duration,
-) {
-    let mut next = Instant::now() + interval;
-    loop {
-        tokio::select! {
-            () = tokio::time::sleep_until(next) => {}
-            _ = closed.wait_for(|c| *c) => {
-                let watched = lock(&slot).take();
-                if let Some(w) = watched {
-                    w.lose(CONNECTION_ENDED.to_owned());
-                }
-                return;
-            }
-        }
-        let current = lock(&slot)
-            .as_ref()
-            .map(|w| (w.grant.clone(), w.monitor.clone()));
-        next = Instant::now() + interval;
-        let Some((grant, monitor)) = current else {
-            continue;
-        };
-        if monitor.is_closed() || grant.strong_count() == 0 {
-            continue;
-        }
-        let Some(probe) = probe.upgrade() else {
-            return; // the session is gone
-        };
-        let started = Instant::now();
-        // Checks start `interval` apart however long each takes, so a check that answers
-        // within `timeout` renews the validity before it runs out.
-        next = started + interval;
-        let why = match tokio::time::timeout(timeout, probe.ping()).await {
-            Ok(Ok(())) => {
-                monitor.renewed(Validity::new(started, window));
-                continue;
-            }
-            Ok(Err(e)) => format!("health check failed: {e}"),
-            Err(_) => format!("health check did not answer within {timeout:?}"),
-        };
-        drop(probe);
-        // The grant we checked is lost; the session may hold another one by now (ours was
-        // released meanwhile), which stays watched.
-        {
-            let mut current = lock(&slot);
-            if current.as_ref().is_some_and(|w| w.grant.ptr_eq(&grant)) {
-                *current = None;
-            }
-        }
-        Watched { grant, monitor }.lose(why);
     }
 }
 

@@ -15,6 +15,9 @@ use crate::tls::{self, Roots, Tls, TlsMode};
 /// The URL schemes this backend accepts.
 pub const SCHEMES: &[&str] = &["postgres", "postgresql"];
 
+/// The default key prefix: none (a key `K` is hashed as `K`; with a prefix `P`, as `P K`).
+pub const DEFAULT_PREFIX: &str = "";
+
 /// Default period of the health check on every lock session.
 pub const DEFAULT_HEALTH_INTERVAL: Duration = Duration::from_millis(250);
 /// Default time a health check may take before the session counts as lost.
@@ -234,7 +237,7 @@ impl PostgresConfig {
             tls_mode,
             roots: Roots::System,
             tls: None,
-            prefix: String::new(),
+            prefix: DEFAULT_PREFIX.to_owned(),
             fence_schema: DEFAULT_FENCE_SCHEMA.to_owned(),
             fence_sequence: DEFAULT_FENCE_SEQUENCE.to_owned(),
             health_interval: DEFAULT_HEALTH_INTERVAL,
@@ -440,26 +443,10 @@ fn split_url(s: &str) -> Result<(String, Vec<(String, String)>), Error> {
 }
 
 fn percent_decode(s: &str) -> Result<String, Error> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'%' => {
-                let hex = s
-                    .get(i + 1..i + 3)
-                    .and_then(|h| u8::from_str_radix(h, 16).ok())
-                    .ok_or_else(|| invalid("bad percent-encoding in a URL parameter"))?;
-                out.push(hex);
-                i += 3;
-            }
-            b => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8(out).map_err(|_| invalid("a URL parameter is not UTF-8"))
+    percent_encoding::percent_decode_str(s)
+        .decode_utf8()
+        .map(Into::into)
+        .map_err(|_| invalid("a URL parameter is not UTF-8"))
 }
 
 /// Splits a libpq key=value string into (the string without leasehold's parameters,

@@ -57,8 +57,10 @@
 //! # async fn demo() -> Result<(), leasehold_core::Error> {
 //! use std::time::Duration;
 //! use leasehold_core::Locker;
+//! use leasehold_postgres::{PostgresBackend, PostgresConfig};
 //!
-//! let backend = leasehold_postgres::connect("postgres://app:secret@127.0.0.1/app").await?;
+//! let config = PostgresConfig::from_url("postgres://app:secret@127.0.0.1/app")?;
+//! let backend = PostgresBackend::connect(config).await?;
 //! let locker = Locker::new(backend);
 //! let lease = locker.acquire("billing/export", Duration::from_secs(5)).await?;
 //! let token = lease.fencing_token(); // send with every write; the resource rejects lower ones
@@ -162,20 +164,26 @@
 
 mod backend;
 mod config;
+mod error;
+mod fence;
 mod gate;
 mod key;
+mod probe;
 mod session;
 mod tls;
+mod watch;
 mod xact;
 
 pub use backend::PostgresBackend;
 pub use config::{
     DEFAULT_FENCE_SCHEMA, DEFAULT_FENCE_SEQUENCE, DEFAULT_HEALTH_INTERVAL, DEFAULT_HEALTH_TIMEOUT,
-    DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_IDLE_SESSIONS, PostgresConfig, SCHEMES,
+    DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_IDLE_SESSIONS, DEFAULT_PREFIX, PostgresConfig, SCHEMES,
 };
+pub use fence::PostgresFenceStore;
 pub use key::{NUMERIC_KEY_PREFIX, advisory_key, numeric_key, pg_locks_ids};
 
 use leasehold_core::Error;
+use leasehold_core::driver::{Driver, Opening, Target, connecting};
 
 /// The backend's name in errors and leases.
 pub(crate) const NAME: &str = "postgres";
@@ -197,9 +205,12 @@ pub const KEY_SQL: &str = "WITH prk AS ( \
    SELECT ('x' || string_agg(encode(substring(t FROM i + 1 FOR 1), 'hex'), '' ORDER BY i DESC))::bit(64)::bigint \
    FROM okm, generate_series(0, 7) AS i";
 
-/// Connects a [`PostgresBackend`] from a `postgres://` / `postgresql://` URL or a libpq
-/// key=value string (see [`PostgresConfig`]), opening one session to check it: the
-/// registry-style constructor the facade calls for [`SCHEMES`].
-pub async fn connect(url: &str) -> Result<PostgresBackend, Error> {
-    PostgresBackend::connect(PostgresConfig::from_url(url)?).await
+/// The driver's entry for a registry (the `leasehold` facade's): opens [`SCHEMES`] (and
+/// checks the URL with one session, as [`PostgresBackend::connect`] does).
+pub static DRIVER: Driver = Driver::new(NAME, SCHEMES, open);
+
+fn open(target: &Target<'_>) -> Result<Opening, Error> {
+    let config = PostgresConfig::from_url(target.url)?;
+    let config = target.prefixed(config, |c, p| c.with_prefix(p))?;
+    Ok(connecting(PostgresBackend::connect(config)))
 }

@@ -3,28 +3,17 @@
 
 use std::sync::Arc;
 
-use leasehold_core::{Error, ErrorKind};
+use leasehold_core::Error;
 use tokio::sync::{OnceCell, watch};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::tls::MakeTlsConnect;
-use tokio_postgres::{CancelToken, Client, NoTls, Socket, Statement};
+use tokio_postgres::{CancelToken, Client, NoTls, Socket};
 
-use crate::NAME;
 use crate::config::PostgresConfig;
+use crate::error::{connect_error, pg_error};
+use crate::probe::{Probe, Statements, WeakProbe};
 use crate::tls::Tls;
-
-/// The prepared statements every session carries.
-#[derive(Debug)]
-struct Statements {
-    /// `SELECT CASE WHEN pg_try_advisory_lock($1) THEN nextval('<seq>') END`
-    try_lock: Statement,
-    /// `SELECT pg_advisory_unlock($1)`
-    unlock: Statement,
-    /// `SELECT nextval('<seq>')`
-    nextval: Statement,
-    /// `SELECT 1`
-    ping: Statement,
-}
+use crate::watch::Watcher;
 
 /// One connection. Dropping it closes the connection, which ends the server session and with
 /// it every advisory lock the session holds.
@@ -37,9 +26,9 @@ pub(crate) struct Session {
     tls: Option<Tls>,
     /// Whether it was just opened (not taken from the idle pool).
     pub(crate) fresh: bool,
-    /// The health-check task of this session (see `backend::Watcher`); it stops when the
+    /// The health-check task of this session (see [`Watcher`]); it stops when the
     /// session is dropped.
-    pub(crate) watcher: Option<crate::backend::Watcher>,
+    pub(crate) watcher: Option<Watcher>,
 }
 
 /// Sends a cancel request for a session's running statement, over TLS if the session uses it.
@@ -57,7 +46,18 @@ impl Canceller {
     }
 }
 
-/// Connects and spawns the connection task; the receiver turns `true` when it ends.
+/// Connects with `cfg`'s settings (TLS as its `sslmode` says) and spawns the connection task;
+/// the receiver turns `true` when it ends.
+pub(crate) async fn connect(
+    cfg: &PostgresConfig,
+) -> Result<(Client, watch::Receiver<bool>), Error> {
+    let connected = match &cfg.tls {
+        Some(tls) => connect_with(&cfg.pg, tls.connector.clone()).await,
+        None => connect_with(&cfg.pg, NoTls).await,
+    };
+    connected.map_err(|e| connect_error(cfg, e))
+}
+
 async fn connect_with<T>(
     pg: &tokio_postgres::Config,
     tls: T,
@@ -77,41 +77,6 @@ where
     Ok((client, closed))
 }
 
-/// A probe that does not keep the session's connection open: a session's watcher holds this,
-/// so dropping the session still closes the connection (and ends its locks) at once.
-#[derive(Debug, Clone)]
-pub(crate) struct WeakProbe {
-    client: std::sync::Weak<Client>,
-    stmts: Arc<Statements>,
-}
-
-impl WeakProbe {
-    /// A probe, while the session still exists.
-    pub(crate) fn upgrade(&self) -> Option<Probe> {
-        Some(Probe {
-            client: self.client.upgrade()?,
-            stmts: Arc::clone(&self.stmts),
-        })
-    }
-}
-
-/// A handle for running health checks without owning the session.
-#[derive(Debug, Clone)]
-pub(crate) struct Probe {
-    client: Arc<Client>,
-    stmts: Arc<Statements>,
-}
-
-impl Probe {
-    pub(crate) async fn ping(&self) -> Result<(), tokio_postgres::Error> {
-        self.client.query_one(&self.stmts.ping, &[]).await.map(drop)
-    }
-
-    pub(crate) fn is_closed(&self) -> bool {
-        self.client.is_closed()
-    }
-}
-
 impl Session {
     /// Opens a session and prepares its statements (one pipelined round trip after login).
     /// The first session of a backend creates the fencing sequence if it is missing.
@@ -121,11 +86,7 @@ impl Session {
         sequence_ready: &OnceCell<()>,
     ) -> Result<Self, Error> {
         let tls = cfg.tls.clone();
-        let connected = match &tls {
-            Some(tls) => connect_with(&cfg.pg, tls.connector.clone()).await,
-            None => connect_with(&cfg.pg, NoTls).await,
-        };
-        let (client, closed) = connected.map_err(|e| connect_error(cfg, e))?;
+        let (client, closed) = connect(cfg).await?;
         sequence_ready
             .get_or_try_init(|| create_sequence(&client, seq_sql))
             .await?;
@@ -260,70 +221,11 @@ async fn create_sequence(client: &Client, seq_sql: &str) -> Result<(), Error> {
     }
 }
 
-/// A failed connect; with TLS the message says which `sslmode` was in force, since a
-/// certificate that fails verification shows up as an I/O error of the handshake.
-/// tokio-postgres' own message omits the cause (e.g. the rustls verdict), so its source chain
-/// is appended (none of it carries a password).
-fn connect_error(cfg: &PostgresConfig, e: tokio_postgres::Error) -> Error {
-    let mut what = if cfg.tls.is_some() {
-        format!("connect (sslmode={})", cfg.ssl_mode())
-    } else {
-        "connect".to_owned()
-    };
-    let mut causes = String::new();
-    let mut source = std::error::Error::source(&e);
-    while let Some(cause) = source {
-        causes.push_str(&format!(": {cause}"));
-        source = cause.source();
-    }
-    let kind = classify(&e);
-    what.push_str(&format!(": {e}{causes}"));
-    Error::new(kind, NAME, what).with_source(e)
-}
-
-/// Whether the error is PostgreSQL's "lock timeout" (SQLSTATE 55P03, lock_not_available).
-pub(crate) fn is_lock_timeout(e: &tokio_postgres::Error) -> bool {
-    e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE)
-}
-
-/// Converts a driver error into the public error, classifying it; never includes a password
-/// (tokio-postgres' messages carry none).
-pub(crate) fn pg_error(what: &str, e: tokio_postgres::Error) -> Error {
-    let kind = classify(&e);
-    Error::new(kind, NAME, format!("{what}: {e}")).with_source(e)
-}
-
-fn classify(e: &tokio_postgres::Error) -> ErrorKind {
-    if e.is_closed() {
-        return ErrorKind::Unavailable;
-    }
-    let Some(code) = e.code() else {
-        // I/O, connect, timeouts, protocol: the server is unreachable or went away.
-        return ErrorKind::Unavailable;
-    };
-    let code = code.code();
-    match code {
-        // Connection exceptions, insufficient resources (too many connections), operator
-        // intervention (shutdown, starting up), system errors.
-        _ if code.starts_with("08")
-            || code.starts_with("53")
-            || code.starts_with("57P")
-            || code.starts_with("58") =>
-        {
-            ErrorKind::Unavailable
-        }
-        // Authentication, unknown database, missing privilege.
-        _ if code.starts_with("28") || code == "3D000" || code == "42501" => {
-            ErrorKind::InvalidConfig
-        }
-        _ => ErrorKind::Backend,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::PostgresConfig;
+    use crate::error::is_lock_timeout;
     use leasehold_test_support::require_service;
     use leasehold_test_support::services::Service;
     use std::time::Duration;

@@ -90,9 +90,13 @@ fn provider() -> Arc<CryptoProvider> {
 /// a missing or empty file is an `InvalidConfig` error at configuration time.
 pub(crate) fn build(mode: TlsMode, roots: &Roots) -> Result<Option<Tls>, Error> {
     let provider = provider();
+    let algorithms = provider.signature_verification_algorithms;
     let verifier: Arc<dyn ServerCertVerifier> = match mode {
         TlsMode::Off => return Ok(None),
-        TlsMode::Require => Arc::new(AcceptAnyCert(provider.signature_verification_algorithms)),
+        TlsMode::Require => Arc::new(Lenient {
+            chain: None,
+            algorithms,
+        }),
         TlsMode::VerifyCa | TlsMode::VerifyFull => {
             let store = load_roots(roots)?;
             let webpki =
@@ -100,7 +104,10 @@ pub(crate) fn build(mode: TlsMode, roots: &Roots) -> Result<Option<Tls>, Error> 
                     .build()
                     .map_err(|e| invalid(format!("building the TLS verifier: {e}")))?;
             if mode == TlsMode::VerifyCa {
-                Arc::new(IgnoreName(webpki))
+                Arc::new(Lenient {
+                    chain: Some(webpki),
+                    algorithms,
+                })
             } else {
                 webpki
             }
@@ -156,11 +163,17 @@ fn read_pem_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, Error> {
         .map_err(|e| invalid(format!("sslrootcert {}: not PEM: {e}", path.display())))
 }
 
-/// `verify-ca`: the chain must verify; a certificate for another name is accepted.
+/// The two modes that verify less than webpki does: `verify-ca` (`chain` given: the chain
+/// must verify, a certificate for another name is accepted) and `require` (no `chain`: any
+/// certificate is accepted, encryption against passive eavesdroppers only). Either way the
+/// handshake signatures are checked against the presented certificate.
 #[derive(Debug)]
-struct IgnoreName(Arc<WebPkiServerVerifier>);
+struct Lenient {
+    chain: Option<Arc<WebPkiServerVerifier>>,
+    algorithms: WebPkiSupportedAlgorithms,
+}
 
-impl ServerCertVerifier for IgnoreName {
+impl ServerCertVerifier for Lenient {
     fn verify_server_cert(
         &self,
         end_entity: &CertificateDer<'_>,
@@ -169,12 +182,12 @@ impl ServerCertVerifier for IgnoreName {
         ocsp_response: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
+        let Some(chain) = &self.chain else {
+            return Ok(ServerCertVerified::assertion());
+        };
         // webpki checks the chain (and validity dates, usage) before the name, so a name
         // error means the chain itself verified.
-        match self
-            .0
-            .verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
-        {
+        match chain.verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now) {
             Err(rustls::Error::InvalidCertificate(
                 CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
             )) => Ok(ServerCertVerified::assertion()),
@@ -188,7 +201,7 @@ impl ServerCertVerifier for IgnoreName {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls12_signature(message, cert, dss)
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.algorithms)
     }
 
     fn verify_tls13_signature(
@@ -197,50 +210,10 @@ impl ServerCertVerifier for IgnoreName {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls13_signature(message, cert, dss)
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.algorithms)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.supported_verify_schemes()
-    }
-}
-
-/// `require`: any certificate is accepted (encryption against passive eavesdroppers only),
-/// but the handshake signatures are still checked against the presented certificate.
-#[derive(Debug)]
-struct AcceptAnyCert(WebPkiSupportedAlgorithms);
-
-impl ServerCertVerifier for AcceptAnyCert {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.0)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.0)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.supported_schemes()
+        self.algorithms.supported_schemes()
     }
 }

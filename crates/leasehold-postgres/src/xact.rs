@@ -8,7 +8,7 @@ use tokio_postgres::Transaction;
 use tokio_postgres::types::Type;
 
 use crate::PostgresBackend;
-use crate::session::{is_lock_timeout, pg_error};
+use crate::error::{is_lock_timeout, pg_error};
 
 impl PostgresBackend {
     /// Takes `key` as a **transaction-level** advisory lock inside the caller's transaction

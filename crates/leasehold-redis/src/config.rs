@@ -3,53 +3,36 @@
 use std::fmt;
 use std::time::Duration;
 
-use leasehold_core::{Backoff, Drift, Error, ErrorKind};
+use leasehold_core::{Backoff, Drift, Error, ErrorKind, redact};
 use redis::{ConnectionInfo, IntoConnectionInfo, ProtocolVersion};
 
 use crate::keys::{DEFAULT_PREFIX, check_prefix};
 
-/// URL schemes of [`RedisBackend`](crate::RedisBackend): one server (`redis`, `rediss` for
-/// TLS, `redis+unix`, `unix`), or a Redis Cluster given its seed nodes
-/// (`redis-cluster://[user:password@]host:port,host:port,…`).
-pub const SCHEMES: &[&str] = &["redis", "rediss", "redis+unix", "unix", "redis-cluster"];
+/// Every URL scheme of this driver: [`RedisBackend`](crate::RedisBackend) on one server
+/// (`redis`, `rediss` for TLS, `redis+unix`, `unix`) or on a Redis Cluster given its seed nodes
+/// (`redis-cluster://[user:password@]host:port,host:port,…`), and [`REDLOCK_SCHEMES`].
+pub const SCHEMES: &[&str] = &[
+    "redis",
+    "rediss",
+    "redis+unix",
+    "unix",
+    "redis-cluster",
+    "redlock",
+];
 
-/// URL scheme of the Redlock backend: `redlock://[user:password@]host:port,host:port,…[/db]`.
+/// The URL scheme of [`RedlockBackend`](crate::RedlockBackend), among [`SCHEMES`]:
+/// `redlock://[user:password@]host:port,host:port,…[/db]`.
 pub const REDLOCK_SCHEMES: &[&str] = &["redlock"];
 
-/// Replaces the password in a URL with `***`, for messages and Debug output.
-pub fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(authority_end);
-    let authority = match authority.rfind('@') {
-        Some(at) => {
-            let (userinfo, host) = authority.split_at(at);
-            match userinfo.split_once(':') {
-                Some((user, _)) => format!("{user}:***{host}"),
-                // A bare userinfo in a Redis URL is a password (`redis://pw@host`).
-                None => format!("***{host}"),
-            }
-        }
-        None => authority.to_owned(),
-    };
-    format!("{scheme}://{authority}{}", redact_query(tail))
-}
+/// The name of [`RedisBackend`](crate::RedisBackend), as errors and leases report it.
+pub(crate) const REDIS: &str = "redis";
 
-fn redact_query(tail: &str) -> String {
-    let Some((path, query)) = tail.split_once('?') else {
-        return tail.to_owned();
-    };
-    let parts: Vec<String> = query
-        .split('&')
-        .map(|kv| match kv.split_once('=') {
-            Some((k, _)) if k.eq_ignore_ascii_case("password") => format!("{k}=***"),
-            _ => kv.to_owned(),
-        })
-        .collect();
-    format!("{path}?{}", parts.join("&"))
-}
+/// The name of [`RedlockBackend`](crate::RedlockBackend), as errors and leases report it.
+pub(crate) const REDLOCK: &str = "redlock";
+
+/// The URL option that turns [fair mode](RedisConfig::with_fair_queue) on, with the grace
+/// period in milliseconds: `redis://host:6379?fair_queue_ms=1000`.
+const FAIR_QUEUE_MS: &str = "fair_queue_ms";
 
 /// Makes rustls use the *ring* provider unless the process already chose one.
 pub(crate) fn install_crypto_provider() {
@@ -199,6 +182,29 @@ fn split_hosts(backend: &'static str, url: &str, scheme: &str) -> Result<Vec<Str
     Ok(urls)
 }
 
+/// Takes `name=value` out of the URL's query: the URL without it, and the value if given.
+fn take_option(url: &str, name: &str) -> (String, Option<String>) {
+    let Some((base, query)) = url.split_once('?') else {
+        return (url.to_owned(), None);
+    };
+    let mut value = None;
+    let kept: Vec<&str> = query
+        .split('&')
+        .filter(|pair| match pair.split_once('=') {
+            Some((k, v)) if k == name => {
+                value = Some(v.to_owned());
+                false
+            }
+            _ => true,
+        })
+        .collect();
+    if kept.is_empty() {
+        (base.to_owned(), value)
+    } else {
+        (format!("{base}?{}", kept.join("&")), value)
+    }
+}
+
 /// Configuration of [`RedisBackend`](crate::RedisBackend).
 #[derive(Clone)]
 pub struct RedisConfig {
@@ -230,17 +236,34 @@ impl RedisConfig {
     /// `redis-cluster://[user:password@]host:port,host:port,…` URL of a Redis Cluster's seed
     /// nodes, with the default prefix `leasehold:`, a 1 s connect timeout and a 1 s response
     /// timeout.
+    ///
+    /// The option `fair_queue_ms=GRACE` (milliseconds, at least 100) turns on
+    /// [fair mode](Self::with_fair_queue); the other query options are redis-rs's.
     pub fn from_url(url: &str) -> Result<Self, Error> {
+        let (url, fair) = take_option(url, FAIR_QUEUE_MS);
+        let url = url.as_str();
         let deployment = if url.starts_with("redis-cluster://") {
-            let seeds = split_hosts(crate::single::NAME, url, "redis-cluster://")?
+            let seeds = split_hosts(REDIS, url, "redis-cluster://")?
                 .iter()
-                .map(|u| Server::parse(crate::single::NAME, u))
+                .map(|u| Server::parse(REDIS, u))
                 .collect::<Result<Vec<_>, _>>()?;
             Deployment::Cluster(seeds)
         } else {
-            Deployment::Server(Box::new(Server::parse(crate::single::NAME, url)?))
+            Deployment::Server(Box::new(Server::parse(REDIS, url)?))
         };
-        Ok(Self::with_deployment(deployment))
+        let config = Self::with_deployment(deployment);
+        match fair {
+            None => Ok(config),
+            Some(ms) => {
+                let ms: u64 = ms.parse().map_err(|_| {
+                    invalid(
+                        REDIS,
+                        format!("{FAIR_QUEUE_MS}={ms:?} is not a whole number of milliseconds"),
+                    )
+                })?;
+                config.with_fair_queue(Duration::from_millis(ms))
+            }
+        }
     }
 
     /// A Redis Cluster, from the `redis://` URLs of some of its nodes (seeds).
@@ -251,11 +274,11 @@ impl RedisConfig {
     {
         let seeds = seeds
             .into_iter()
-            .map(|u| Server::parse(crate::single::NAME, u.as_ref()))
+            .map(|u| Server::parse(REDIS, u.as_ref()))
             .collect::<Result<Vec<_>, _>>()?;
         if seeds.is_empty() {
             return Err(invalid(
-                crate::single::NAME,
+                REDIS,
                 "a Redis Cluster needs at least one seed node",
             ));
         }
@@ -277,18 +300,16 @@ impl RedisConfig {
         }
     }
 
-    /// Sets the key prefix (no braces).
+    /// Sets the key prefix (no braces: they would move the hash tag).
     pub fn with_prefix(mut self, prefix: impl Into<String>) -> Result<Self, Error> {
-        let prefix = prefix.into();
-        check_prefix(crate::single::NAME, &prefix)?;
-        self.prefix = prefix;
+        self.prefix = check_prefix(REDIS, prefix.into())?;
         Ok(self)
     }
 
     /// Trusts the CA certificate(s) in this PEM file for `rediss://` (instead of the system's
     /// roots). The server's certificate must name the host of the URL.
     pub fn with_tls_ca_file(mut self, path: impl AsRef<std::path::Path>) -> Result<Self, Error> {
-        self.tls_ca = Some(read_ca(crate::single::NAME, path.as_ref())?);
+        self.tls_ca = Some(read_ca(REDIS, path.as_ref())?);
         Ok(self)
     }
 
@@ -299,7 +320,7 @@ impl RedisConfig {
     pub fn with_fair_queue(mut self, grace: Duration) -> Result<Self, Error> {
         if grace < Duration::from_millis(100) {
             return Err(invalid(
-                crate::single::NAME,
+                REDIS,
                 format!("fair queue grace {grace:?} is below the minimum of 100ms"),
             ));
         }
@@ -361,11 +382,11 @@ impl RedlockConfig {
     {
         let servers = urls
             .into_iter()
-            .map(|u| Server::parse(crate::redlock::NAME, u.as_ref()))
+            .map(|u| Server::parse(REDLOCK, u.as_ref()))
             .collect::<Result<Vec<_>, _>>()?;
         if servers.len() < 3 {
             return Err(invalid(
-                crate::redlock::NAME,
+                REDLOCK,
                 format!(
                     "Redlock needs at least 3 independent nodes, got {}: with fewer, one node's \
                      failure or restart decides the lock",
@@ -378,7 +399,7 @@ impl RedlockConfig {
                 b.name == a.name && b.info.redis_settings().db() == a.info.redis_settings().db()
             }) {
                 return Err(invalid(
-                    crate::redlock::NAME,
+                    REDLOCK,
                     format!(
                         "node {} is listed twice ({} and {}): a quorum must be of distinct nodes",
                         a.name, b.redacted, a.redacted
@@ -400,20 +421,36 @@ impl RedlockConfig {
     /// From `redlock://[user:password@]host:port,host:port,…[/db]`: the same credentials and
     /// database on every node.
     pub fn from_url(url: &str) -> Result<Self, Error> {
-        Self::from_urls(split_hosts(crate::redlock::NAME, url, "redlock://")?)
+        Self::from_urls(split_hosts(REDLOCK, url, "redlock://")?)
     }
 
-    /// Sets the key prefix (no braces).
+    /// From a configuration's list of nodes: each a `redis://` URL (see
+    /// [`from_urls`](Self::from_urls)).
+    pub(crate) fn from_nodes(nodes: &[String]) -> Result<Self, Error> {
+        if nodes.is_empty() {
+            return Err(invalid(REDLOCK, "no Redlock node given"));
+        }
+        if let Some(other) = nodes.iter().find(|u| !u.starts_with("redis://")) {
+            return Err(invalid(
+                REDLOCK,
+                format!(
+                    "each Redlock node is a redis:// URL, got {:?}",
+                    redact(other)
+                ),
+            ));
+        }
+        Self::from_urls(nodes)
+    }
+
+    /// Sets the key prefix (no braces: they would move the hash tag).
     pub fn with_prefix(mut self, prefix: impl Into<String>) -> Result<Self, Error> {
-        let prefix = prefix.into();
-        check_prefix(crate::redlock::NAME, &prefix)?;
-        self.prefix = prefix;
+        self.prefix = check_prefix(REDLOCK, prefix.into())?;
         Ok(self)
     }
 
     /// Trusts the CA certificate(s) in this PEM file for `rediss://` nodes.
     pub fn with_tls_ca_file(mut self, path: impl AsRef<std::path::Path>) -> Result<Self, Error> {
-        self.tls_ca = Some(read_ca(crate::redlock::NAME, path.as_ref())?);
+        self.tls_ca = Some(read_ca(REDLOCK, path.as_ref())?);
         Ok(self)
     }
 
@@ -480,6 +517,26 @@ mod tests {
             .err()
             .unwrap();
         assert!(!bad.to_string().contains("s3cret"), "{bad}");
+    }
+
+    #[test]
+    fn fair_mode_is_a_url_option() -> Result<(), Error> {
+        let c = RedisConfig::from_url("redis://127.0.0.1:1/2?fair_queue_ms=750")?;
+        assert_eq!(c.fair, Some(Duration::from_millis(750)));
+        assert_eq!(c.redacted_url(), "redis://127.0.0.1:1/2");
+        let c = RedisConfig::from_url("redis://127.0.0.1:1?protocol=resp3&fair_queue_ms=200")?;
+        assert_eq!(c.fair, Some(Duration::from_millis(200)));
+        assert_eq!(c.redacted_url(), "redis://127.0.0.1:1?protocol=resp3");
+        let c = RedisConfig::from_url("redis-cluster://127.0.0.1:1,127.0.0.1:2?fair_queue_ms=100")?;
+        assert_eq!(c.fair, Some(Duration::from_millis(100)));
+        assert_eq!(RedisConfig::from_url("redis://127.0.0.1:1")?.fair, None);
+        for bad in ["fair_queue_ms=50", "fair_queue_ms=soon", "fair_queue_ms="] {
+            let e = RedisConfig::from_url(&format!("redis://127.0.0.1:1?{bad}"))
+                .err()
+                .map(|e| e.kind());
+            assert_eq!(e, Some(ErrorKind::InvalidConfig), "{bad}");
+        }
+        Ok(())
     }
 
     #[test]

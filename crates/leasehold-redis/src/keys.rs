@@ -97,7 +97,7 @@ impl ToRedisArgs for Derived<'_> {
 impl ToSingleRedisArg for Derived<'_> {}
 
 /// Checks a prefix: braces would move the hash tag, so they are refused.
-pub(crate) fn check_prefix(backend: &'static str, prefix: &str) -> Result<(), Error> {
+pub(crate) fn check_prefix(backend: &'static str, prefix: String) -> Result<String, Error> {
     if prefix.contains(['{', '}']) {
         return Err(Error::new(
             ErrorKind::InvalidConfig,
@@ -105,7 +105,7 @@ pub(crate) fn check_prefix(backend: &'static str, prefix: &str) -> Result<(), Er
             format!("key prefix {prefix:?} must not contain braces: they would move the hash tag"),
         ));
     }
-    Ok(())
+    Ok(prefix)
 }
 
 #[cfg(test)]
@@ -131,7 +131,7 @@ mod tests {
                 b"leasehold:{jobs/nightly}:released".to_vec()
             ]
         );
-        assert!(check_prefix("redis", "a{b").is_err());
+        assert!(check_prefix("redis", "a{b".to_owned()).is_err());
         Ok(())
     }
 }

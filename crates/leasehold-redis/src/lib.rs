@@ -24,7 +24,17 @@
 //!   (or [`RedisConfig::cluster`]); each command goes to the master of its slot.
 //! - `redlock://[user:password@]host:port,host:port,…[/db]`: N ≥ 3 independent servers.
 //!
-//! Passwords never appear in `Debug` output or errors ([`redact`]).
+//! | URL option | what | default |
+//! |---|---|---|
+//! | `fair_queue_ms=GRACE` | [fair mode](#fair-mode) with this grace period (ms, at least 100); not for `redlock://` | off |
+//! | redis-rs's own (`protocol`, `db`, …) | passed to redis-rs | |
+//!
+//! The same options are [`RedisConfig`] and [`RedlockConfig`] methods. Passwords never appear
+//! in `Debug` output or errors.
+//!
+//! The crate's surface is that of every leasehold driver: the backends, their configurations,
+//! [`SCHEMES`], [`DEFAULT_PREFIX`] and [`DRIVER`], the entry the `leasehold` facade's registry
+//! opens URLs with.
 //!
 //! # Key mapping
 //!
@@ -47,11 +57,11 @@
 //! # Fair mode
 //!
 //! With plain `SET NX`, the task that releases a lock usually takes it straight back, and waiters
-//! in other processes can starve for seconds (see BENCHMARKS.md: 94–100% straight back and
-//! waits up to 2 s with rslock; 11–22% and up to 3 s for our own waiters across processes).
+//! in other processes can starve for seconds (the benchmark's contention rows measure how
+//! often, and how long).
 //! Within one process, waiters for a key always queue locally and are served in order. Across
-//! processes, [`RedisConfig::with_fair_queue`] turns on a line kept on the server, as Redisson's
-//! fair lock does:
+//! processes, [`RedisConfig::with_fair_queue`] (or `?fair_queue_ms=GRACE` in the URL) turns on
+//! a line kept on the server, as Redisson's fair lock does:
 //!
 //! - `<lock>:queue` (a list of owner values, in arrival order) and `<lock>:waiters` (a sorted
 //!   set: owner value → server time until which that waiter counts as alive) share the lock's
@@ -67,8 +77,8 @@
 //!   that gives up, or whose acquire future is dropped, leaves the line at once. The line's keys
 //!   expire after twice the grace period without waiters.
 //!
-//! Measured with 6 backends contending on one key (test `fair.rs`): 0 grants went straight back
-//! to the releaser and the longest wait was 38 ms, against up to 3 s without it; the price is
+//! The test `fair.rs` checks it with several backends contending on one key: at most one grant
+//! in twenty goes straight back to the releaser, and no wait reaches a second. The price is
 //! throughput (every handoff waits for the head of the line to ask).
 //!
 //! # The scripts
@@ -113,20 +123,32 @@ mod redlock;
 mod scripts;
 mod single;
 
-pub use config::{REDLOCK_SCHEMES, RedisConfig, RedlockConfig, SCHEMES, redact};
+use leasehold_core::Error;
+use leasehold_core::driver::{Driver, Opening, Target, connecting, ready};
+
+pub use config::{REDLOCK_SCHEMES, RedisConfig, RedlockConfig, SCHEMES};
 pub use keys::DEFAULT_PREFIX;
 pub use redlock::RedlockBackend;
 pub use single::RedisBackend;
 
-use leasehold_core::Error;
+/// The driver's entry for a registry (the `leasehold` facade's): opens every scheme of
+/// [`SCHEMES`], and a list of `redis://` nodes as Redlock.
+pub static DRIVER: Driver = Driver::new(config::REDIS, SCHEMES, open);
 
-/// Connects a [`RedisBackend`] from a `redis://` URL with default settings.
-pub async fn connect(url: &str) -> Result<RedisBackend, Error> {
-    RedisBackend::connect(RedisConfig::from_url(url)?).await
-}
-
-/// Makes a [`RedlockBackend`] from a `redlock://host:port,host:port,…` URL with default
-/// settings.
-pub fn connect_redlock(url: &str) -> Result<RedlockBackend, Error> {
-    RedlockBackend::new(RedlockConfig::from_url(url)?)
+fn open(target: &Target<'_>) -> Result<Opening, Error> {
+    let redlock = target
+        .scheme()
+        .is_some_and(|s| REDLOCK_SCHEMES.contains(&s));
+    if redlock || !target.nodes.is_empty() {
+        let config = if target.nodes.is_empty() {
+            RedlockConfig::from_url(target.url)?
+        } else {
+            RedlockConfig::from_nodes(target.nodes)?
+        };
+        let config = target.prefixed(config, |c, p| c.with_prefix(p))?;
+        // Redlock nodes connect lazily: nothing to wait for.
+        return Ok(ready(RedlockBackend::new(config.with_drift(target.drift))?));
+    }
+    let config = target.prefixed(RedisConfig::from_url(target.url)?, |c, p| c.with_prefix(p))?;
+    Ok(connecting(RedisBackend::connect(config)))
 }

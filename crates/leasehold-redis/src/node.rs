@@ -126,7 +126,6 @@ impl Node {
         ttl: Duration,
         fenced: bool,
     ) -> Result<Taken, Error> {
-        let mut conn = self.conn().await?;
         let ms = ttl_ms(ttl);
         if fenced {
             let mut cmd = evalsha(&ACQUIRE_FENCED, 2, 2);
@@ -134,11 +133,10 @@ impl Node {
                 .arg(names.fence())
                 .arg(owner.as_str())
                 .arg(ms);
-            let token: Option<u64> = run_script(&mut conn, &ACQUIRE_FENCED, &cmd)
-                .await
-                .map_err(|e| self.error(&e, "acquire"))?;
+            let token: Option<u64> = self.eval(&ACQUIRE_FENCED, &cmd, "acquire").await?;
             Ok(token.map_or(Taken::Held, |t| Taken::Granted(Some(FencingToken::new(t)))))
         } else {
+            let mut conn = self.conn().await?;
             let set: Option<String> = redis::cmd("SET")
                 .arg(names.lock())
                 .arg(owner.as_str())
@@ -166,7 +164,6 @@ impl Node {
         enqueue: bool,
         grace: Duration,
     ) -> Result<Taken, Error> {
-        let mut conn = self.conn().await?;
         let mut cmd = evalsha(&ACQUIRE_FAIR, 4, 4);
         cmd.arg(names.lock())
             .arg(names.fence())
@@ -176,9 +173,7 @@ impl Node {
             .arg(ttl_ms(ttl))
             .arg(if enqueue { "1" } else { "0" })
             .arg(ttl_ms(grace));
-        let token: Option<u64> = run_script(&mut conn, &ACQUIRE_FAIR, &cmd)
-            .await
-            .map_err(|e| self.error(&e, "acquire"))?;
+        let token: Option<u64> = self.eval(&ACQUIRE_FAIR, &cmd, "acquire").await?;
         Ok(token.map_or(Taken::Held, |t| Taken::Granted(Some(FencingToken::new(t)))))
     }
 
@@ -190,7 +185,6 @@ impl Node {
         owner: &Owner,
         fair: bool,
     ) -> Result<bool, Error> {
-        let mut conn = self.conn().await?;
         // The fair line's names only go along in fair mode (the script reads them only then).
         let mut cmd = if fair {
             let mut cmd = evalsha(&RELEASE, 4, 3);
@@ -207,10 +201,9 @@ impl Node {
         cmd.arg(owner.as_str())
             .arg(if self.is_cluster() { "S" } else { "" })
             .arg(if fair { "F" } else { "" });
-        let n: i64 = run_script(&mut conn, &RELEASE, &cmd)
+        self.eval::<i64>(&RELEASE, &cmd, "release")
             .await
-            .map_err(|e| self.error(&e, "release"))?;
-        Ok(n == 1)
+            .map(|n| n == 1)
     }
 
     /// Compare-and-pexpire; with `reset`, sets the key again if it is missing.
@@ -221,16 +214,12 @@ impl Node {
         ttl: Duration,
         reset: bool,
     ) -> Result<bool, Error> {
-        let mut conn = self.conn().await?;
         let mut cmd = evalsha(&EXTEND, 1, 3);
         cmd.arg(names.lock())
             .arg(owner.as_str())
             .arg(ttl_ms(ttl))
             .arg(if reset { "1" } else { "0" });
-        let n: i64 = run_script(&mut conn, &EXTEND, &cmd)
-            .await
-            .map_err(|e| self.error(&e, "extend"))?;
-        Ok(n == 1)
+        Ok(self.eval::<i64>(&EXTEND, &cmd, "extend").await? == 1)
     }
 
     /// The holder's owner value, remaining TTL and the lock's fence counter.
@@ -292,6 +281,19 @@ impl Node {
             }
             cursor = next;
         }
+    }
+
+    /// Runs a script command built by [`evalsha`] on the shared connection.
+    async fn eval<T: FromRedisValue>(
+        &self,
+        script: &Script,
+        cmd: &Cmd,
+        op: &str,
+    ) -> Result<T, Error> {
+        let mut conn = self.conn().await?;
+        run_script(&mut conn, script, cmd)
+            .await
+            .map_err(|e| self.error(&e, op))
     }
 
     pub(crate) fn error(&self, e: &RedisError, op: &str) -> Error {

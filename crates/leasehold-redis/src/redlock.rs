@@ -1,6 +1,5 @@
 //! [`RedlockBackend`]: the Redlock algorithm over N independent Redis nodes.
 
-use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,11 +16,9 @@ use redis::aio::ConnectionManagerConfig;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
-use crate::config::RedlockConfig;
+use crate::config::{REDLOCK as NAME, RedlockConfig};
 use crate::keys::Names;
 use crate::node::{Connector, Node, Taken, names};
-
-pub(crate) const NAME: &str = "redlock";
 
 /// How long counting a node's keys (SCAN, for leak checks) may take beyond the connect timeout.
 const COUNT_BOUND: Duration = Duration::from_secs(5);
@@ -31,22 +28,17 @@ const COUNT_BOUND: Duration = Duration::from_secs(5);
 ///
 /// See the [crate docs](crate) for the algorithm as implemented, the crash-recovery hazard and
 /// its mitigations. Cloning is cheap: clones share the connections.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct RedlockBackend {
     inner: Arc<Inner>,
 }
 
+/// What clones share. `Debug` shows the node names and the configuration, passwords
+/// redacted.
+#[derive(Debug)]
 struct Inner {
     nodes: Vec<Arc<Node>>,
     config: RedlockConfig,
-}
-
-impl fmt::Debug for RedlockBackend {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedlockBackend")
-            .field("config", &self.inner.config)
-            .finish()
-    }
 }
 
 /// The backend-private state of a Redlock grant: per node, whether the acquire request of the
@@ -136,6 +128,33 @@ impl Tally {
     /// Whether faults alone rule out a quorum (then it is an error, not contention).
     fn faults_decide(&self) -> bool {
         self.outcomes.len() - self.faults() < self.quorum
+    }
+
+    /// Records the outcomes of a fan-out as they arrive, until a quorum said yes (`true`) or
+    /// can no longer say it (`false`).
+    async fn until_decided(&mut self, rx: &mut mpsc::UnboundedReceiver<(usize, Outcome)>) -> bool {
+        while let Some((i, outcome)) = rx.recv().await {
+            if let Some(slot) = self.outcomes.get_mut(i) {
+                *slot = Some(outcome);
+            }
+            if self.yes() >= self.quorum {
+                return true;
+            }
+            if self.hopeless() {
+                break;
+            }
+        }
+        false
+    }
+
+    /// The answer without a quorum: an error if faults alone ruled it out, else `no`
+    /// (contention, not a fault).
+    fn no_quorum<T>(self, nodes: &[Arc<Node>], no: T) -> Result<T, Error> {
+        if self.faults_decide() {
+            Err(self.error(nodes))
+        } else {
+            Ok(no)
+        }
     }
 
     fn error(self, nodes: &[Arc<Node>]) -> Error {
@@ -242,6 +261,11 @@ impl RedlockBackend {
 
     fn quorum(&self) -> usize {
         self.inner.config.quorum()
+    }
+
+    /// An empty tally of a fan-out to every node.
+    fn tally(&self, what: &'static str, yes: &'static str, no: &'static str) -> Tally {
+        Tally::new(what, yes, no, self.inner.nodes.len(), self.quorum())
     }
 
     /// The per-node bound for a request on a lease of `ttl`.
@@ -363,44 +387,26 @@ impl RedlockBackend {
             drop(decision);
             all.for_each(|()| std::future::ready(())).await;
         });
-        let mut tally = Tally::new(
-            "acquire",
-            "granted",
-            "held by another owner",
-            n,
-            self.quorum(),
-        );
-        while let Some((i, outcome)) = rx.recv().await {
-            if let Some(slot) = tally.outcomes.get_mut(i) {
-                *slot = Some(outcome);
+        let mut tally = self.tally("acquire", "granted", "held by another owner");
+        if tally.until_decided(&mut rx).await {
+            if self.validity_left(req.started, ttl).is_some() {
+                decide.send_replace(Some(true));
+                let state = Round { finished };
+                return Ok(Some(Grant::new(req.ttl_validity()).with_state(state)));
             }
-            if tally.yes() >= tally.quorum {
-                if self.validity_left(req.started, ttl).is_some() {
-                    decide.send_replace(Some(true));
-                    let state = Round { finished };
-                    return Ok(Some(Grant::new(req.ttl_validity()).with_state(state)));
-                }
-                decide.send_replace(Some(false));
-                return Err(Error::new(
-                    ErrorKind::Timeout,
-                    NAME,
-                    format!(
-                        "quorum reached after {:?}, leaving less than the minimum validity of a \
-                         {ttl:?} lease",
-                        req.started.elapsed()
-                    ),
-                ));
-            }
-            if tally.hopeless() {
-                break;
-            }
+            decide.send_replace(Some(false));
+            return Err(Error::new(
+                ErrorKind::Timeout,
+                NAME,
+                format!(
+                    "quorum reached after {:?}, leaving less than the minimum validity of a \
+                     {ttl:?} lease",
+                    req.started.elapsed()
+                ),
+            ));
         }
         decide.send_replace(Some(false));
-        if tally.faults_decide() {
-            Err(tally.error(&self.inner.nodes))
-        } else {
-            Ok(None)
-        }
+        tally.no_quorum(&self.inner.nodes, None)
     }
 }
 
@@ -459,24 +465,11 @@ impl LockBackend for RedlockBackend {
                 node.release(&names, &owner, false).await
             }
         });
-        let n = self.inner.nodes.len();
-        let mut tally = Tally::new("release", "released", "not ours", n, self.quorum());
-        while let Some((i, outcome)) = rx.recv().await {
-            if let Some(slot) = tally.outcomes.get_mut(i) {
-                *slot = Some(outcome);
-            }
-            if tally.yes() >= tally.quorum {
-                return Ok(true);
-            }
-            if tally.hopeless() {
-                break;
-            }
+        let mut tally = self.tally("release", "released", "not ours");
+        if tally.until_decided(&mut rx).await {
+            return Ok(true);
         }
-        if tally.faults_decide() {
-            Err(tally.error(&self.inner.nodes))
-        } else {
-            Ok(false)
-        }
+        tally.no_quorum(&self.inner.nodes, false)
     }
 
     async fn extend(&self, req: ExtendRequest<'_>) -> Result<Option<Validity>, Error> {
@@ -489,32 +482,13 @@ impl LockBackend for RedlockBackend {
             // A node that lost the key (restarted empty) gets it set again with our value.
             async move { node.extend(&names, &owner, ttl, true).await }
         });
-        let n = self.inner.nodes.len();
-        let mut tally = Tally::new(
-            "extend",
-            "extended",
-            "held by another owner",
-            n,
-            self.quorum(),
-        );
-        while let Some((i, outcome)) = rx.recv().await {
-            if let Some(slot) = tally.outcomes.get_mut(i) {
-                *slot = Some(outcome);
-            }
-            if tally.yes() >= tally.quorum {
-                return Ok(self
-                    .validity_left(req.started, ttl)
-                    .map(|_| req.ttl_validity()));
-            }
-            if tally.hopeless() {
-                break;
-            }
+        let mut tally = self.tally("extend", "extended", "held by another owner");
+        if tally.until_decided(&mut rx).await {
+            return Ok(self
+                .validity_left(req.started, ttl)
+                .map(|_| req.ttl_validity()));
         }
-        if tally.faults_decide() {
-            Err(tally.error(&self.inner.nodes))
-        } else {
-            Ok(None)
-        }
+        tally.no_quorum(&self.inner.nodes, None)
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {

@@ -16,10 +16,8 @@ use redis::{ProtocolVersion, PushInfo, PushKind, Value};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::config::{Deployment, RedisConfig, invalid};
+use crate::config::{Deployment, REDIS as NAME, RedisConfig, invalid};
 use crate::node::{Connector, Node, Taken, names};
-
-pub(crate) const NAME: &str = "redis";
 
 /// Locks on one Redis server: an *efficiency* lock with a best-effort fencing token.
 ///

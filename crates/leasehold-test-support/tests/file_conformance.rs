@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use leasehold_core::{FileBackend, FileConfig};
+use leasehold_file::{FileBackend, FileConfig};
 use leasehold_test_support::conformance::Target;
 use leasehold_test_support::services::unique_prefix;
 

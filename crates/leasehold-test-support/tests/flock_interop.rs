@@ -3,8 +3,8 @@
 use std::process::Stdio;
 use std::time::Duration;
 
-use leasehold_core::{FileBackend, FileConfig};
 use leasehold_core::{LockKey, Locker};
+use leasehold_file::{FileBackend, FileConfig};
 use leasehold_test_support::services::unique_prefix;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -110,8 +110,6 @@ mod meter;
 pub mod respond;
 
 pub use error::{Completed, FenceError, LeaseLostError, LockError};
-#[cfg(feature = "postgres")]
-pub use fence::PostgresFenceStore;
 pub use fence::{Admission, Fence, FenceExtractor, FenceLayer, FenceStore, MemoryFenceStore};
 pub use lock::{
     HeldLease, Hold, InsertLease, KeyExtractor, LeaseBody, Lock, LockLayer, Mode, OnLost,

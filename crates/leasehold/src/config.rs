@@ -1,17 +1,19 @@
 //! `LockConfig`: choosing and tuning a backend by configuration.
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::path::Path;
 use std::time::Duration;
 
-use leasehold_core::{Backoff, Drift, Error, ErrorKind, LockOptions, Locker, Renewal};
+use leasehold_core::driver::{Opening, Target};
+use leasehold_core::redact;
+use leasehold_core::{Backoff, Drift, Error, LockOptions, Locker, Renewal};
 use serde::Deserialize;
 
-use crate::redact::redact;
-use crate::registry::{CONFIG, Target, open, scheme_of};
+use crate::registry::{invalid, open, scheme_of};
+use crate::table::BackendTable;
 
-/// What the locks of a configuration are for (DESIGN.md: efficiency or correctness).
+/// What the locks of a configuration are for: efficiency (a lost lock costs duplicate work) or
+/// correctness (a lost lock corrupts data).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 #[serde(rename_all = "lowercase")]
 #[non_exhaustive]
@@ -48,7 +50,7 @@ pub enum RenewalSetting {
 }
 
 impl RenewalSetting {
-    fn parse(s: &str) -> Result<Self, String> {
+    pub(crate) fn parse(s: &str) -> Result<Self, String> {
         match s.trim() {
             "off" => Ok(Self::Off),
             "auto" => Ok(Self::Auto),
@@ -76,141 +78,27 @@ impl<'de> Deserialize<'de> for RenewalSetting {
 
 /// Retry backoff of waiting acquisitions (`[backoff]`): `initial` and `max` delays.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 #[non_exhaustive]
 pub struct BackoffConfig {
     /// Upper bound of the first delay (default 10 ms).
-    #[serde(default, with = "humantime_serde")]
+    #[serde(with = "humantime_serde")]
     pub initial: Option<Duration>,
     /// Upper bound of every delay (default 500 ms).
-    #[serde(default, with = "humantime_serde")]
+    #[serde(with = "humantime_serde")]
     pub max: Option<Duration>,
 }
 
 /// The drift margin (`[drift]`): `ttl × factor + fixed`.
 #[derive(Debug, Clone, Copy, PartialEq, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 #[non_exhaustive]
 pub struct DriftConfig {
     /// Proportional part, in `[0, 1)` (default 0.01).
-    #[serde(default)]
     pub factor: Option<f64>,
     /// Fixed part (default 2 ms).
-    #[serde(default, with = "humantime_serde")]
+    #[serde(with = "humantime_serde")]
     pub fixed: Option<Duration>,
-}
-
-/// The table form of a backend (`[backend]`), for keeping the password out of the URL (set it
-/// from `LEASEHOLD_BACKEND_PASSWORD`, for example).
-///
-/// It becomes `scheme://[user[:password]@]host1,host2…[/database][?option=value&…]`, with user
-/// and password percent-encoded; see each driver for the options it takes.
-#[derive(Clone, Default, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields)]
-#[non_exhaustive]
-pub struct BackendTable {
-    /// The URL scheme: `redis`, `redlock`, `postgres`, `etcd`, … (see
-    /// [`available_schemes`](crate::available_schemes)).
-    pub scheme: String,
-    /// `host:port` of each node (Redlock nodes, Redis Cluster seeds, etcd endpoints, PostgreSQL
-    /// hosts); empty for `memory`.
-    #[serde(default)]
-    pub hosts: Vec<String>,
-    /// User name.
-    #[serde(default)]
-    pub user: Option<String>,
-    /// Password. Never printed.
-    #[serde(default)]
-    pub password: Option<String>,
-    /// Database: a number for Redis, a name for PostgreSQL.
-    #[serde(default)]
-    pub database: Option<String>,
-    /// Driver options, added as the URL's query string.
-    #[serde(default)]
-    pub options: BTreeMap<String, String>,
-}
-
-impl fmt::Debug for BackendTable {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("BackendTable")
-            .field("scheme", &self.scheme)
-            .field("hosts", &self.hosts)
-            .field("user", &self.user)
-            .field("password", &self.password.as_ref().map(|_| "***"))
-            .field("database", &self.database)
-            .field("options", &redact_options(&self.options))
-            .finish()
-    }
-}
-
-fn redact_options(options: &BTreeMap<String, String>) -> BTreeMap<&str, &str> {
-    options
-        .iter()
-        .map(|(k, v)| {
-            let shown = if k.eq_ignore_ascii_case("password") {
-                "***"
-            } else {
-                v.as_str()
-            };
-            (k.as_str(), shown)
-        })
-        .collect()
-}
-
-impl BackendTable {
-    /// The URL this table stands for (with the password: never print it; use
-    /// [`redacted_url`](Self::redacted_url)).
-    pub fn to_url(&self) -> String {
-        let mut url = format!("{}://", self.scheme);
-        if self.scheme == "memory" {
-            return url;
-        }
-        if let Some(user) = &self.user {
-            url.push_str(&percent_encode(user));
-            if let Some(pw) = &self.password {
-                url.push(':');
-                url.push_str(&percent_encode(pw));
-            }
-            url.push('@');
-        } else if let Some(pw) = &self.password {
-            // Redis reads a bare userinfo as the password; give it an empty user.
-            url.push(':');
-            url.push_str(&percent_encode(pw));
-            url.push('@');
-        }
-        url.push_str(&self.hosts.join(","));
-        if let Some(db) = &self.database {
-            url.push('/');
-            url.push_str(&percent_encode(db));
-        }
-        if !self.options.is_empty() {
-            let query: Vec<String> = self
-                .options
-                .iter()
-                .map(|(k, v)| format!("{}={}", percent_encode(k), percent_encode(v)))
-                .collect();
-            url.push('?');
-            url.push_str(&query.join("&"));
-        }
-        url
-    }
-
-    /// The URL with its password replaced by `***`.
-    pub fn redacted_url(&self) -> String {
-        redact(&self.to_url())
-    }
-}
-
-fn percent_encode(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
-            out.push(char::from(b));
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
 }
 
 /// How to pick and tune a lock backend, from a TOML file, environment variables, or code.
@@ -265,49 +153,40 @@ fn percent_encode(s: &str) -> String {
 /// `Debug`, `Display` and every error show URLs with the password replaced by `***`, and never
 /// the `[backend]` password.
 #[derive(Clone, Default, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 #[non_exhaustive]
 pub struct LockConfig {
     /// The backend's URL: `memory://`, `redis://…`, `redlock://h1,h2,h3`, `postgres://…`,
     /// `etcd://…`.
-    #[serde(default)]
     pub url: Option<String>,
     /// Redlock: one `redis://` URL per node (at least 3).
-    #[serde(default)]
     pub urls: Option<Vec<String>>,
     /// The backend in table form.
-    #[serde(default)]
     pub backend: Option<BackendTable>,
     /// Lease duration (default 30 s).
-    #[serde(default, with = "humantime_serde")]
+    #[serde(with = "humantime_serde")]
     pub ttl: Option<Duration>,
     /// Wait budget for acquisitions that wait (default 10 s); see [`wait_budget`](Self::wait_budget).
-    #[serde(default, with = "humantime_serde")]
+    #[serde(with = "humantime_serde")]
     pub wait: Option<Duration>,
     /// Retry backoff.
-    #[serde(default)]
     pub backoff: Option<BackoffConfig>,
     /// Automatic renewal (default `auto`).
-    #[serde(default)]
     pub renewal: Option<RenewalSetting>,
     /// Drift margin.
-    #[serde(default)]
     pub drift: Option<DriftConfig>,
     /// Key prefix, passed to the driver (each driver has its own default). The memory backend,
     /// being private to the process, has no prefix and ignores it.
-    #[serde(default)]
     pub key_prefix: Option<String>,
     /// Efficiency (default) or correctness.
-    #[serde(default)]
     pub require: Require,
 }
 
 /// The default wait budget: 10 s.
 pub const DEFAULT_WAIT: Duration = Duration::from_secs(10);
 
-fn invalid(msg: impl Into<String>) -> Error {
-    Error::new(ErrorKind::InvalidConfig, CONFIG, msg)
-}
+/// The scheme a list of node URLs (`urls`) opens: Redlock, whose driver checks the nodes.
+const NODES_SCHEME: &str = "redlock";
 
 /// Which form names the backend.
 enum Source<'a> {
@@ -380,116 +259,6 @@ impl LockConfig {
         cfg.with_env()
     }
 
-    /// The defaults overridden by the `LEASEHOLD_*` environment variables, checked.
-    pub fn from_env() -> Result<Self, Error> {
-        Self::default().with_env()
-    }
-
-    /// Applies the `LEASEHOLD_*` variables of the process environment (see the table in the
-    /// type's documentation) and checks the result.
-    pub fn with_env(self) -> Result<Self, Error> {
-        let mut vars = Vec::new();
-        for (k, v) in std::env::vars_os() {
-            let Some(k) = k.to_str() else { continue };
-            if !k.starts_with("LEASEHOLD_") {
-                continue;
-            }
-            match v.into_string() {
-                Ok(v) => vars.push((k.to_owned(), v)),
-                Err(_) if ENV_VARS.contains(&k) => {
-                    return Err(invalid(format!("{k}: the value is not valid UTF-8")));
-                }
-                Err(_) => {}
-            }
-        }
-        self.with_vars(vars)
-    }
-
-    /// Applies `LEASEHOLD_*` variables given as pairs (as [`with_env`](Self::with_env) does with
-    /// the process environment) and checks the result.
-    pub fn with_vars<I, K, V>(mut self, vars: I) -> Result<Self, Error>
-    where
-        I: IntoIterator<Item = (K, V)>,
-        K: AsRef<str>,
-        V: AsRef<str>,
-    {
-        for (k, v) in vars {
-            self.apply_var(k.as_ref(), v.as_ref())?;
-        }
-        self.validate()?;
-        Ok(self)
-    }
-
-    fn apply_var(&mut self, key: &str, value: &str) -> Result<(), Error> {
-        let dur = || {
-            humantime::parse_duration(value.trim())
-                .map_err(|e| invalid(format!("{key}: expected a duration like \"30s\": {e}")))
-        };
-        match key {
-            "LEASEHOLD_URL" => {
-                self.url = Some(value.to_owned());
-                self.urls = None;
-                self.backend = None;
-            }
-            "LEASEHOLD_URLS" => {
-                self.urls = Some(
-                    value
-                        .split(',')
-                        .map(str::trim)
-                        .filter(|s| !s.is_empty())
-                        .map(str::to_owned)
-                        .collect(),
-                );
-                self.url = None;
-                self.backend = None;
-            }
-            "LEASEHOLD_BACKEND_USER" | "LEASEHOLD_BACKEND_PASSWORD" => {
-                let Some(table) = self.backend.as_mut() else {
-                    return Err(invalid(format!(
-                        "{key} is set but the configuration has no [backend] table"
-                    )));
-                };
-                if key.ends_with("USER") {
-                    table.user = Some(value.to_owned());
-                } else {
-                    table.password = Some(value.to_owned());
-                }
-            }
-            "LEASEHOLD_TTL" => self.ttl = Some(dur()?),
-            "LEASEHOLD_WAIT" => self.wait = Some(dur()?),
-            "LEASEHOLD_BACKOFF_INITIAL" => {
-                self.backoff.get_or_insert_default().initial = Some(dur()?);
-            }
-            "LEASEHOLD_BACKOFF_MAX" => self.backoff.get_or_insert_default().max = Some(dur()?),
-            "LEASEHOLD_RENEWAL" => {
-                self.renewal =
-                    Some(RenewalSetting::parse(value).map_err(|e| invalid(format!("{key}: {e}")))?);
-            }
-            "LEASEHOLD_DRIFT_FACTOR" => {
-                let f: f64 = value
-                    .trim()
-                    .parse()
-                    .map_err(|e| invalid(format!("{key}: expected a number like 0.01: {e}")))?;
-                self.drift.get_or_insert_default().factor = Some(f);
-            }
-            "LEASEHOLD_DRIFT_FIXED" => self.drift.get_or_insert_default().fixed = Some(dur()?),
-            "LEASEHOLD_KEY_PREFIX" => self.key_prefix = Some(value.to_owned()),
-            "LEASEHOLD_REQUIRE" => {
-                self.require = match value.trim() {
-                    "efficiency" => Require::Efficiency,
-                    "correctness" => Require::Correctness,
-                    other => {
-                        return Err(invalid(format!(
-                            "{key}: expected \"efficiency\" or \"correctness\", got {other:?}"
-                        )));
-                    }
-                };
-            }
-            _ => {}
-        }
-        Ok(())
-    }
-
     fn source(&self) -> Result<(Source<'_>, &'static str), Error> {
         match (&self.url, &self.urls, &self.backend) {
             (Some(url), None, None) => Ok((Source::Url(url), "url")),
@@ -548,6 +317,13 @@ impl LockConfig {
     /// Checks every value without connecting to anything: the backend form, the URL and its
     /// scheme (including that its feature is compiled in), the Redlock node count, durations.
     pub fn validate(&self) -> Result<(), Error> {
+        // Parsing the backend does no I/O: the returned future is dropped unpolled.
+        drop(self.opening()?);
+        Ok(())
+    }
+
+    /// Checks the values other than the backend.
+    fn check_values(&self) -> Result<(), Error> {
         if self.ttl.is_some_and(|t| t.is_zero()) {
             return Err(invalid("`ttl`: must be positive, got 0"));
         }
@@ -578,46 +354,27 @@ impl LockConfig {
         {
             return Err(invalid("`key_prefix`: must not contain a NUL byte"));
         }
-        // Parsing the backend does no I/O: the returned future is dropped unpolled.
-        drop(self.opening()?);
         Ok(())
     }
 
-    fn opening(&self) -> Result<crate::registry::Opening, Error> {
+    /// Checks every value (see [`validate`](Self::validate)) and parses the backend: the
+    /// returned future does the I/O. The one place a configuration's URL is parsed.
+    fn opening(&self) -> Result<Opening, Error> {
+        self.check_values()?;
         let (source, field) = self.source()?;
-        let options = self.lock_options();
-        let (url, nodes): (String, &[String]) = match &source {
-            Source::Url(u) => ((*u).to_owned(), &[]),
-            Source::Table(u) => (u.clone(), &[]),
-            Source::Nodes(n) => {
-                if n.is_empty() {
-                    return Err(invalid("`urls`: no Redlock node given"));
-                }
-                for u in n.iter() {
-                    let scheme = scheme_of("urls", u)?;
-                    if scheme != "redis" {
-                        return Err(invalid(format!(
-                            "`urls`: each Redlock node is a redis:// URL, got {:?}",
-                            redact(u)
-                        )));
-                    }
-                }
-                (String::new(), *n)
-            }
+        let url = match &source {
+            Source::Url(u) => (*u).to_owned(),
+            Source::Table(u) => u.clone(),
+            Source::Nodes(_) => String::new(),
         };
-        let scheme = if nodes.is_empty() {
-            scheme_of(field, &url)?
-        } else {
-            "redlock"
+        let (scheme, target) = match source {
+            Source::Nodes(nodes) => (NODES_SCHEME, Target::nodes(nodes)),
+            Source::Url(_) | Source::Table(_) => (scheme_of(field, &url)?, Target::url(&url)),
         };
-        let target = Target {
-            field,
-            url: &url,
-            nodes,
-            prefix: self.key_prefix.as_deref(),
-            drift: options.drift,
-        };
-        open(scheme, &target)
+        let target = target
+            .with_prefix(self.key_prefix.as_deref())
+            .with_drift(self.lock_options().drift);
+        open(field, scheme, &target)
     }
 
     /// Opens the backend and returns a [`Locker`] with this configuration's options.
@@ -627,7 +384,6 @@ impl LockConfig {
     /// monotonic fencing tokens (the error says what it lacks, from
     /// [`Capabilities::correctness_gap`](leasehold_core::Capabilities::correctness_gap)).
     pub async fn build(&self) -> Result<Locker, Error> {
-        self.validate()?;
         let backend = self.opening()?.await?;
         if self.require == Require::Correctness
             && let Some(gap) = backend.capabilities().correctness_gap()
@@ -652,23 +408,6 @@ impl LockConfig {
         }
     }
 }
-
-/// Every environment variable [`LockConfig::with_env`] reads.
-pub const ENV_VARS: &[&str] = &[
-    "LEASEHOLD_URL",
-    "LEASEHOLD_URLS",
-    "LEASEHOLD_BACKEND_USER",
-    "LEASEHOLD_BACKEND_PASSWORD",
-    "LEASEHOLD_TTL",
-    "LEASEHOLD_WAIT",
-    "LEASEHOLD_BACKOFF_INITIAL",
-    "LEASEHOLD_BACKOFF_MAX",
-    "LEASEHOLD_RENEWAL",
-    "LEASEHOLD_DRIFT_FACTOR",
-    "LEASEHOLD_DRIFT_FIXED",
-    "LEASEHOLD_KEY_PREFIX",
-    "LEASEHOLD_REQUIRE",
-];
 
 impl fmt::Debug for LockConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -33,13 +33,16 @@
 //! | backend | URL schemes | safety class | fencing token | crate feature |
 //! |---|---|---|---|---|
 //! | [`MemoryBackend`] | `memory://` | exact within one process | process-wide counter | always |
+//! | file locks (Unix) | `file:///path/to/dir` | one host | durable counter file | `file` (default) |
 //! | Redis (single node, Cluster) | `redis`, `redis+unix`, `unix`, `redis-cluster` | efficiency | best-effort counter | `redis` |
 //! | Redlock | `redlock://h1,h2,h3` or `urls = [...]` | efficiency (timing assumptions) | none | `redis` |
 //! | PostgreSQL advisory locks | `postgres`, `postgresql` | correctness | durable sequence | `postgres` |
 //! | etcd leases | `etcd` (`etcds` with `etcd-tls`) | correctness | key revision | `etcd` |
 //!
-//! With a driver's feature on, its crate is re-exported as a module: `leasehold::redis`,
-//! `leasehold::postgres`, `leasehold::etcd`.
+//! With a driver's feature on, its crate is re-exported as a module: `leasehold::file`,
+//! `leasehold::redis`, `leasehold::postgres`, `leasehold::etcd`. Every driver crate exports
+//! the same surface: its backend(s) and config, `SCHEMES`, `DEFAULT_PREFIX`, and `DRIVER`, the
+//! [`driver::Driver`] table this crate's registry chains to open URLs.
 //!
 //! # Other features
 //!
@@ -85,15 +88,21 @@
 //! the details of each type.
 
 mod config;
-mod redact;
+mod env;
 mod registry;
+mod table;
 
-pub use config::{
-    BackendTable, BackoffConfig, DEFAULT_WAIT, DriftConfig, ENV_VARS, LockConfig, RenewalSetting,
-    Require,
-};
+pub use config::{BackoffConfig, DEFAULT_WAIT, DriftConfig, LockConfig, RenewalSetting, Require};
+pub use env::ENV_VARS;
 pub use leasehold_core::*;
 pub use registry::{available_schemes, connect, scheme_feature};
+pub use table::BackendTable;
+
+/// The file-lock driver (`file` feature, on by default; Unix only): see [`leasehold_file`].
+#[cfg(all(feature = "file", unix))]
+pub use leasehold_file as file;
+#[cfg(all(feature = "file", unix))]
+pub use leasehold_file::{FileBackend, FileConfig};
 
 /// The Redis and Redlock driver (`redis` feature): see [`leasehold_redis`].
 #[cfg(feature = "redis")]

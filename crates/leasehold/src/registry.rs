@@ -1,121 +1,87 @@
-//! The scheme registry: which URL schemes this build can open, and how.
+//! The scheme registry: it chains the driver tables this build compiles in (each driver
+//! crate's `DRIVER`) and finds the one that opens a URL's scheme.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 
-use leasehold_core::{Drift, Error, ErrorKind, LockBackend, MemoryBackend};
-
-use crate::redact::redact;
+use leasehold_core::driver::{self, Driver, Opening, Target};
+use leasehold_core::redact;
+use leasehold_core::{Error, ErrorKind, LockBackend};
 
 /// Name used as the backend of configuration errors.
 pub(crate) const CONFIG: &str = "config";
 
-/// A backend being opened: parsing is done, what is left is I/O (connecting, checking).
-pub(crate) type Opening =
-    Pin<Box<dyn Future<Output = Result<Arc<dyn LockBackend>, Error>> + Send + 'static>>;
-
-/// What a constructor is given.
-// Only the drivers read the prefix, and only Redlock the nodes and drift.
-#[cfg_attr(not(feature = "redis"), allow(dead_code))]
-pub(crate) struct Target<'a> {
-    /// The configuration field the URL came from, for error messages.
-    pub(crate) field: &'static str,
-    /// The URL (`scheme://…`); empty when `nodes` is used.
-    pub(crate) url: &'a str,
-    /// Redlock nodes given as a list of `redis://` URLs.
-    pub(crate) nodes: &'a [String],
-    /// The key prefix, if configured.
-    pub(crate) prefix: Option<&'a str>,
-    /// The drift margin, for backends that use it in their own decisions (Redlock).
-    pub(crate) drift: Drift,
-}
-
-/// Parses the target and returns the future that opens the backend. Errors here are
-/// configuration errors, raised without any I/O.
-type Ctor = fn(&Target<'_>) -> Result<Opening, Error>;
-
-/// Every scheme leasehold knows, with the facade feature that compiles it in.
-pub(crate) const KNOWN: &[(&str, &str)] = &[
-    ("memory", ""),
-    ("file", ""),
-    ("redis", "redis"),
-    ("rediss", "redis"),
-    ("redis+unix", "redis"),
-    ("unix", "redis"),
-    ("redis-cluster", "redis"),
-    ("redlock", "redis"),
-    ("postgres", "postgres"),
-    ("postgresql", "postgres"),
-    ("etcd", "etcd"),
-    ("etcds", "etcd-tls"),
+/// The drivers compiled in, in registry order, each with the facade feature that compiles it
+/// in (`""` for the memory backend, which needs none).
+static DRIVERS: &[(&Driver, &str)] = &[
+    (&driver::MEMORY, ""),
+    #[cfg(all(feature = "file", unix))]
+    (&leasehold_file::DRIVER, "file"),
+    #[cfg(feature = "redis")]
+    (&leasehold_redis::DRIVER, "redis"),
+    #[cfg(feature = "postgres")]
+    (&leasehold_postgres::DRIVER, "postgres"),
+    #[cfg(feature = "etcd")]
+    (&leasehold_etcd::DRIVER, "etcd"),
 ];
 
-fn entries() -> Vec<(&'static str, Ctor)> {
-    #[allow(unused_mut)] // nothing is added without driver features
-    let mut v: Vec<(&'static str, Ctor)> = vec![("memory", memory), ("file", file)];
-    #[cfg(feature = "redis")]
-    {
-        v.extend(
-            leasehold_redis::SCHEMES
-                .iter()
-                .map(|s| (*s, drivers::redis as Ctor)),
-        );
-        v.extend(
-            leasehold_redis::REDLOCK_SCHEMES
-                .iter()
-                .map(|s| (*s, drivers::redlock as Ctor)),
-        );
-    }
-    #[cfg(feature = "postgres")]
-    v.extend(
-        leasehold_postgres::SCHEMES
-            .iter()
-            .map(|s| (*s, drivers::postgres as Ctor)),
-    );
-    #[cfg(feature = "etcd")]
-    v.extend(
-        leasehold_etcd::SCHEMES
-            .iter()
-            .filter(|s| cfg!(feature = "etcd-tls") || **s != "etcds")
-            .map(|s| (*s, drivers::etcd as Ctor)),
-    );
-    v
+/// The schemes of the drivers this build lacks (space-separated), with the facade feature
+/// that adds each: only for saying which feature to turn on, since a driver that is not
+/// compiled in has no table to ask. Each entry exists only while its driver is out of the
+/// build.
+static MISSING: &[(&str, &str)] = &[
+    #[cfg(not(all(feature = "file", unix)))]
+    ("file", "file"),
+    #[cfg(not(feature = "redis"))]
+    (
+        "redis",
+        "redis rediss redis+unix unix redis-cluster redlock",
+    ),
+    #[cfg(not(feature = "postgres"))]
+    ("postgres", "postgres postgresql"),
+    #[cfg(not(feature = "etcd"))]
+    ("etcd", "etcd"),
+    #[cfg(not(feature = "etcd-tls"))]
+    ("etcd-tls", "etcds"),
+];
+
+fn driver_of(scheme: &str) -> Option<&'static Driver> {
+    DRIVERS.iter().map(|(d, _)| *d).find(|d| d.opens(scheme))
 }
 
 /// The URL schemes this build can open, in registry order.
 ///
-/// `memory` and `file` are always there; the others come with the crate features `redis`, `postgres`,
-/// `etcd` and `etcd-tls`.
+/// `memory` is always there, `file` with the default feature `file` (on Unix); the others
+/// come with the crate features `redis`, `postgres`, `etcd` and `etcd-tls`.
 pub fn available_schemes() -> Vec<&'static str> {
-    entries().into_iter().map(|(s, _)| s).collect()
+    DRIVERS
+        .iter()
+        .flat_map(|(d, _)| d.schemes.iter().copied())
+        .collect()
 }
 
 /// The crate feature that compiles in `scheme`, if leasehold knows the scheme at all
 /// (`Some("")` for `memory`, which needs none).
 pub fn scheme_feature(scheme: &str) -> Option<&'static str> {
-    KNOWN.iter().find(|(s, _)| *s == scheme).map(|(_, f)| *f)
+    let missing = MISSING
+        .iter()
+        .find(|(_, schemes)| schemes.split(' ').any(|s| s == scheme));
+    let compiled = DRIVERS.iter().find(|(d, _)| d.opens(scheme));
+    missing
+        .map(|(feature, _)| *feature)
+        .or(compiled.map(|(_, feature)| *feature))
 }
 
 /// Opens the backend of a URL with default settings: `memory://`, `redis://…`,
 /// `postgres://…`, `etcd://…` and so on (see [`available_schemes`]). For TTLs, prefixes and
 /// the correctness requirement, use [`LockConfig`](crate::LockConfig).
 pub async fn connect(url: &str) -> Result<Arc<dyn LockBackend>, Error> {
-    let target = Target {
-        field: "url",
-        url,
-        nodes: &[],
-        prefix: None,
-        drift: Drift::default(),
-    };
-    open(scheme_of("url", url)?, &target)?.await
+    open("url", scheme_of("url", url)?, &Target::url(url))?.await
 }
 
 /// The scheme of `url` (the text before `://`).
 pub(crate) fn scheme_of<'u>(field: &str, url: &'u str) -> Result<&'u str, Error> {
-    match url.split_once("://") {
-        Some((scheme, _)) if !scheme.is_empty() => Ok(scheme),
-        _ => Err(Error::new(
+    Target::url(url).scheme().ok_or_else(|| {
+        Error::new(
             ErrorKind::InvalidConfig,
             CONFIG,
             // The value is not quoted: without `://` there is no telling where a password is.
@@ -123,32 +89,33 @@ pub(crate) fn scheme_of<'u>(field: &str, url: &'u str) -> Result<&'u str, Error>
                 "`{field}`: not a URL: expected scheme://…, with a scheme among {}",
                 available_schemes().join(", ")
             ),
-        )),
-    }
+        )
+    })
 }
 
-/// Finds the constructor of `scheme` and parses the target; the returned future does the I/O.
-pub(crate) fn open(scheme: &str, target: &Target<'_>) -> Result<Opening, Error> {
-    let entries = entries();
-    if let Some((_, ctor)) = entries.iter().find(|(s, _)| *s == scheme) {
-        return ctor(target).map_err(|e| at_field(target.field, e));
+/// Finds the driver of `scheme` and has it parse the target (the configuration `field` it
+/// came from names its errors); the returned future does the I/O.
+pub(crate) fn open(field: &str, scheme: &str, target: &Target<'_>) -> Result<Opening, Error> {
+    if let Some(driver) = driver_of(scheme) {
+        return (driver.open)(target).map_err(|e| at_field(field, e));
     }
     let available = available_schemes().join(", ");
     let msg = match scheme_feature(scheme) {
         Some(feature) => format!(
-            "`{}`: scheme {scheme:?} needs the `{feature}` feature of the leasehold crate, which \
-             is not compiled in; available schemes: {available}",
-            target.field
+            "`{field}`: scheme {scheme:?} needs the `{feature}` feature of the leasehold crate, \
+             which is not compiled in; available schemes: {available}"
         ),
         None => {
-            let missing: Vec<String> = KNOWN
+            let missing: Vec<String> = MISSING
                 .iter()
-                .filter(|(s, _)| !entries.iter().any(|(e, _)| e == s))
-                .map(|(s, f)| format!("{s} (feature `{f}`)"))
+                .flat_map(|(f, schemes)| {
+                    schemes
+                        .split(' ')
+                        .map(move |s| format!("{s} (feature `{f}`)"))
+                })
                 .collect();
             let mut msg = format!(
-                "`{}`: unknown scheme {:?}; available schemes: {available}",
-                target.field,
+                "`{field}`: unknown scheme {:?}; available schemes: {available}",
                 redact(scheme)
             );
             if !missing.is_empty() {
@@ -161,91 +128,16 @@ pub(crate) fn open(scheme: &str, target: &Target<'_>) -> Result<Opening, Error> 
 }
 
 /// Re-labels a driver's parse error with the configuration field it came from.
-pub(crate) fn at_field(field: &str, e: Error) -> Error {
+fn at_field(field: &str, e: Error) -> Error {
     let msg = format!("`{field}`: {}", redact(e.message()));
     Error::new(e.kind(), e.backend().to_owned(), msg)
         .with_retryable(e.is_retryable())
         .with_source(e)
 }
 
-fn file(t: &Target<'_>) -> Result<Opening, Error> {
-    let config = leasehold_core::FileConfig::from_url(t.url)?;
-    Ok(Box::pin(async move {
-        let backend = leasehold_core::FileBackend::new(config)?;
-        Ok(Arc::new(backend) as Arc<dyn LockBackend>)
-    }))
-}
-
-fn memory(t: &Target<'_>) -> Result<Opening, Error> {
-    if t.url != "memory://" {
-        return Err(Error::new(
-            ErrorKind::InvalidConfig,
-            "memory",
-            "the memory backend's URL is exactly memory:// (no host, path or options)",
-        ));
-    }
-    Ok(Box::pin(async {
-        Ok(Arc::new(MemoryBackend::new()) as Arc<dyn LockBackend>)
-    }))
-}
-
-#[cfg(any(feature = "redis", feature = "postgres", feature = "etcd"))]
-mod drivers {
-    use super::*;
-
-    #[cfg(feature = "redis")]
-    pub(super) fn redis(t: &Target<'_>) -> Result<Opening, Error> {
-        use leasehold_redis::{RedisBackend, RedisConfig};
-        let mut cfg = RedisConfig::from_url(t.url)?;
-        if let Some(p) = t.prefix {
-            cfg = cfg.with_prefix(p)?;
-        }
-        Ok(Box::pin(async move {
-            Ok(Arc::new(RedisBackend::connect(cfg).await?) as Arc<dyn LockBackend>)
-        }))
-    }
-
-    #[cfg(feature = "redis")]
-    pub(super) fn redlock(t: &Target<'_>) -> Result<Opening, Error> {
-        use leasehold_redis::{RedlockBackend, RedlockConfig};
-        let mut cfg = if t.nodes.is_empty() {
-            RedlockConfig::from_url(t.url)?
-        } else {
-            RedlockConfig::from_urls(t.nodes)?
-        };
-        if let Some(p) = t.prefix {
-            cfg = cfg.with_prefix(p)?;
-        }
-        let backend = RedlockBackend::new(cfg.with_drift(t.drift))?;
-        Ok(Box::pin(async move {
-            Ok(Arc::new(backend) as Arc<dyn LockBackend>)
-        }))
-    }
-
-    #[cfg(feature = "postgres")]
-    pub(super) fn postgres(t: &Target<'_>) -> Result<Opening, Error> {
-        use leasehold_postgres::{PostgresBackend, PostgresConfig};
-        let mut cfg = PostgresConfig::from_url(t.url)?;
-        if let Some(p) = t.prefix {
-            cfg = cfg.with_prefix(p)?;
-        }
-        Ok(Box::pin(async move {
-            Ok(Arc::new(PostgresBackend::connect(cfg).await?) as Arc<dyn LockBackend>)
-        }))
-    }
-
-    #[cfg(feature = "etcd")]
-    pub(super) fn etcd(t: &Target<'_>) -> Result<Opening, Error> {
-        use leasehold_etcd::{EtcdBackend, EtcdConfig};
-        let mut cfg = EtcdConfig::from_url(t.url)?;
-        if let Some(p) = t.prefix {
-            cfg = cfg.with_prefix(p);
-        }
-        cfg.validate()?;
-        Ok(Box::pin(async move {
-            Ok(Arc::new(EtcdBackend::connect(cfg).await?) as Arc<dyn LockBackend>)
-        }))
-    }
+/// The invalid-configuration error of the facade.
+pub(crate) fn invalid(msg: impl Into<String>) -> Error {
+    Error::new(ErrorKind::InvalidConfig, CONFIG, msg)
 }
 
 #[cfg(test)]
@@ -253,10 +145,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_compiled_scheme_is_known_with_its_feature() {
+    fn every_compiled_scheme_has_its_feature_and_one_driver() {
         for s in available_schemes() {
-            assert!(scheme_feature(s).is_some(), "{s} missing from KNOWN");
+            assert!(scheme_feature(s).is_some(), "{s} has no feature");
+            let drivers = DRIVERS.iter().filter(|(d, _)| d.opens(s)).count();
+            assert_eq!(drivers, 1, "{s} is opened by {drivers} drivers");
         }
         assert!(available_schemes().contains(&"memory"));
+        assert_eq!(scheme_feature("memory"), Some(""));
+        assert_eq!(scheme_feature("zookeeper"), None);
     }
 }

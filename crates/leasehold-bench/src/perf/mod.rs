@@ -26,8 +26,9 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use leasehold_core::{FileBackend, FileConfig, LockBackend, MemoryBackend};
+use leasehold_core::{LockBackend, MemoryBackend};
 use leasehold_etcd::{EtcdBackend, EtcdConfig};
+use leasehold_file::{FileBackend, FileConfig};
 use leasehold_postgres::{PostgresBackend, PostgresConfig};
 use leasehold_redis::{RedisBackend, RedisConfig, RedlockBackend, RedlockConfig};
 use leasehold_test_support::proxy::FaultProxy;
@@ -347,7 +348,7 @@ fn etcd_subjects(endpoints: &[String]) -> Vec<Subject> {
         make(move || {
             let (e, pp) = (e.clone(), pp.clone());
             async move {
-                let backend = EtcdBackend::connect(EtcdConfig::new(e).with_prefix(pp)).await?;
+                let backend = EtcdBackend::connect(EtcdConfig::new(e).with_prefix(pp)?).await?;
                 Ok(Ours(Ours::locker(Arc::new(backend))?))
             }
         }),

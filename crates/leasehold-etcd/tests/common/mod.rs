@@ -17,6 +17,7 @@ pub const SESSION_TTL: Duration = Duration::from_secs(5);
 pub async fn backend(endpoints: &Endpoints, prefix: &str, mode: LeaseMode) -> EtcdBackend {
     let cfg = EtcdConfig::new(endpoints.urls().iter().cloned())
         .with_prefix(prefix)
+        .unwrap_or_else(|e| panic!("{e}"))
         .with_lease_mode(mode)
         .with_session_ttl(SESSION_TTL)
         .with_request_timeout(Duration::from_secs(3));

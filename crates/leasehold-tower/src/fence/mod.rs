@@ -2,8 +2,6 @@
 
 mod future;
 mod layer;
-#[cfg(feature = "postgres")]
-mod postgres;
 mod service;
 
 use leasehold_core::FencingToken;
@@ -11,8 +9,6 @@ use leasehold_core::FencingToken;
 pub use future::ResponseFuture;
 pub use layer::FenceLayer;
 pub use leasehold_core::fence::{Admission, FenceStore, MemoryFenceStore};
-#[cfg(feature = "postgres")]
-pub use postgres::PostgresFenceStore;
 pub use service::Fence;
 
 /// Reads the protected resource and the fencing token from a request; `None` when the request

@@ -1,5 +1,5 @@
-//! The `file://` backend: operating-system file locks on one host, with a durable fencing
-//! counter kept beside each lock file.
+//! The `file://` backend of **leasehold**: operating-system file locks on one host (Unix only),
+//! with a durable fencing counter kept beside each lock file.
 //!
 //! It is what `leasehold run --key nightly -- ./job.sh` will use when no URL is given: it needs
 //! no server, and it excludes across processes of one host (and across tasks of one process).
@@ -11,7 +11,7 @@
 //!   holder that crashes or is killed releases at once.
 //! - After locking, the backend checks that the file it locked is still the one at the path (a
 //!   lock file deleted or replaced by hand would otherwise let a second holder in); it writes its
-//!   owner value into the lock file, for [`inspect`](crate::LockBackend::inspect).
+//!   owner value into the lock file, for [`inspect`](leasehold_core::LockBackend::inspect).
 //! - The fencing token is a counter in `<dir>/<name>.fence`, read, incremented and written back
 //!   with `fsync` while the lock is held: it strictly increases across holders, survives
 //!   restarts and crashes, and is never reset by the backend.
@@ -41,10 +41,20 @@
 //!
 //! The blocking file operations run on Tokio's blocking pool. An acquire whose future is dropped
 //! mid-flight closes the file it may have locked as soon as the blocking call returns, which
-//! releases the lock; a dropped [`Lease`](crate::Lease) closes its file in the
+//! releases the lock; a dropped [`Lease`](leasehold_core::Lease) closes its file in the
 //! background.
+//!
+//! # Configuration
+//!
+//! `file:///absolute/path/to/dir`, or `file://` alone for [`FileConfig::default_dir`]; see
+//! [`FileConfig::from_url`]. The folder namespaces the keys: there is no key prefix
+//! ([`DEFAULT_PREFIX`] is empty, and a configured prefix is ignored).
+//!
+//! [`SafetyClass::Host`]: leasehold_core::SafetyClass::Host
+//! [`RenewalKind::Session`]: leasehold_core::RenewalKind::Session
 
-use std::fmt;
+#![cfg(unix)]
+
 use std::fs::{self, File, OpenOptions, TryLockError};
 use std::io::{self, Read, Seek, Write};
 use std::os::unix::fs::MetadataExt;
@@ -53,12 +63,14 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use crate::{
+use leasehold_core::async_trait;
+use leasehold_core::driver::{Driver, Opening, Target, connecting};
+use leasehold_core::{
     Capabilities, DEFAULT_MAX_TTL, Error, ErrorKind, ExtendRequest, FencingKind, FencingToken,
     Grant, Held, HolderInfo, LeaseMonitor, LockBackend, LockKey, LockRequest, Owner, RenewalKind,
     SafetyClass, Validity, WaitKind, Waited,
 };
-use async_trait::async_trait;
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use sha2::{Digest, Sha256};
 use tokio::time::Instant;
 
@@ -68,20 +80,24 @@ pub const NAME: &str = "file";
 /// URL schemes of [`FileBackend`]: `file:///path/to/dir`.
 pub const SCHEMES: &[&str] = &["file"];
 
+/// The key prefix: none, since the folder namespaces the keys.
+pub const DEFAULT_PREFIX: &str = "";
+
+/// The driver's entry for a registry (the `leasehold` facade's): opens [`SCHEMES`]. A
+/// configured key prefix is ignored (see [`DEFAULT_PREFIX`]).
+pub static DRIVER: Driver = Driver::new(NAME, SCHEMES, open);
+
+fn open(target: &Target<'_>) -> Result<Opening, Error> {
+    let config = FileConfig::from_url(target.url)?;
+    // Creating the folder is the only I/O: done when the opening is awaited.
+    Ok(connecting(async move { FileBackend::new(config) }))
+}
+
 /// Where the lock files live, and how often a held lock is checked.
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FileConfig {
     dir: PathBuf,
     check_interval: Duration,
-}
-
-impl fmt::Debug for FileConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("FileConfig")
-            .field("dir", &self.dir)
-            .field("check_interval", &self.check_interval)
-            .finish()
-    }
 }
 
 impl Default for FileConfig {
@@ -147,23 +163,16 @@ fn io_error(what: &str, path: &Path, e: &io::Error) -> Error {
     )
 }
 
-/// Locks as operating-system file locks on one host. See the [module docs](self).
-#[derive(Clone)]
+/// Locks as operating-system file locks on one host. See the [crate docs](crate).
+#[derive(Clone, Debug)]
 pub struct FileBackend {
     inner: Arc<Inner>,
 }
 
+#[derive(Debug)]
 struct Inner {
     config: FileConfig,
     held: AtomicUsize,
-}
-
-impl fmt::Debug for FileBackend {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("FileBackend")
-            .field("config", &self.inner.config)
-            .finish()
-    }
 }
 
 /// The grant's state: the locked file (closing it releases the lock) and its identity.
@@ -224,7 +233,7 @@ impl FileBackend {
         })
     }
 
-    /// The lock file of `key` (see "Key mapping" in the module docs).
+    /// The lock file of `key` (see "Key mapping" in the crate docs).
     pub fn lock_path(&self, key: &LockKey) -> PathBuf {
         self.inner
             .config
@@ -277,16 +286,13 @@ impl FileBackend {
     }
 }
 
+/// The bytes a file name keeps as they are: `[A-Za-z0-9._-]` (`~` is escaped: it separates
+/// a long name's hash).
+const NAME_KEEPS: &AsciiSet = &NON_ALPHANUMERIC.remove(b'.').remove(b'_').remove(b'-');
+
 /// The file name of a key (without extension).
 fn file_name(key: &LockKey) -> String {
-    let mut name = String::with_capacity(key.as_str().len());
-    for b in key.as_str().bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-') {
-            name.push(char::from(b));
-        } else {
-            name.push_str(&format!("%{b:02X}"));
-        }
-    }
+    let mut name = utf8_percent_encode(key.as_str(), NAME_KEEPS).to_string();
     if name.starts_with('.') {
         // Never a hidden file, nor `.` or `..`.
         name.replace_range(0..1, "%2E");

@@ -1,9 +1,13 @@
+//! [`PostgresFenceStore`]: the highest accepted fencing tokens in a PostgreSQL table.
+
+use leasehold_core::fence::{Admission, FenceStore};
 use leasehold_core::{Error, ErrorKind, FencingToken, async_trait};
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::Client;
 
-use super::{Admission, FenceStore};
-
-const NAME: &str = "postgres-fence";
+use crate::NAME;
+use crate::config::PostgresConfig;
+use crate::error::pg_error;
+use crate::session::connect;
 
 /// A [`FenceStore`] in a PostgreSQL table, `(resource text PRIMARY KEY, token bigint)`, so
 /// every replica of the resource's service shares the highest accepted tokens.
@@ -18,7 +22,7 @@ const NAME: &str = "postgres-fence";
 /// ```
 ///
 /// Tokens above `i64::MAX` cannot be stored and are refused with
-/// [`ErrorKind::InvalidArgument`].
+/// [`ErrorKind::InvalidArgument`]. Errors are mapped as the backend's are.
 pub struct PostgresFenceStore {
     client: Client,
     admit_sql: String,
@@ -31,16 +35,6 @@ impl std::fmt::Debug for PostgresFenceStore {
             .field("admit_sql", &self.admit_sql)
             .finish_non_exhaustive()
     }
-}
-
-fn pg_error(e: &tokio_postgres::Error) -> Error {
-    // tokio-postgres messages never contain the password.
-    let kind = if e.is_closed() || e.code().is_none() {
-        ErrorKind::Unavailable
-    } else {
-        ErrorKind::Backend
-    };
-    Error::new(kind, NAME, e.to_string())
 }
 
 fn check_table(table: &str) -> Result<(), Error> {
@@ -68,16 +62,17 @@ impl PostgresFenceStore {
     /// The default table name.
     pub const DEFAULT_TABLE: &'static str = "leasehold_fence_tokens";
 
-    /// Connects (without TLS) from a `postgres://` URL or libpq string, and creates `table` if
-    /// it does not exist. The connection runs on a spawned Tokio task.
+    /// Connects from a `postgres://` URL or libpq string, as [`PostgresConfig::from_url`]
+    /// reads it (TLS as its `sslmode` says), and creates `table` if it does not exist.
     pub async fn connect(url: &str, table: &str) -> Result<Self, Error> {
+        Self::connect_with(&PostgresConfig::from_url(url)?, table).await
+    }
+
+    /// Connects with the settings of `config`, and creates `table` if it does not exist. The
+    /// connection runs on a spawned Tokio task.
+    pub async fn connect_with(config: &PostgresConfig, table: &str) -> Result<Self, Error> {
         check_table(table)?;
-        let (client, connection) = tokio_postgres::connect(url, NoTls)
-            .await
-            .map_err(|e| pg_error(&e))?;
-        tokio::spawn(async move {
-            let _ = connection.await;
-        });
+        let (client, _closed) = connect(config).await?;
         Self::new(client, table).await
     }
 
@@ -89,7 +84,7 @@ impl PostgresFenceStore {
                 "CREATE TABLE IF NOT EXISTS {table} (resource text PRIMARY KEY, token bigint NOT NULL)"
             ))
             .await
-            .map_err(|e| pg_error(&e))?;
+            .map_err(|e| pg_error("creating the fence table", e))?;
         Ok(Self {
             client,
             admit_sql: format!(
@@ -116,7 +111,7 @@ impl FenceStore for PostgresFenceStore {
             .client
             .query(&self.admit_sql, &[&resource, &value])
             .await
-            .map_err(|e| pg_error(&e))?;
+            .map_err(|e| pg_error("fence admit", e))?;
         if !rows.is_empty() {
             return Ok(Admission::Accepted);
         }
@@ -124,9 +119,9 @@ impl FenceStore for PostgresFenceStore {
             .client
             .query_opt(&self.highest_sql, &[&resource])
             .await
-            .map_err(|e| pg_error(&e))?;
+            .map_err(|e| pg_error("fence read", e))?;
         let highest: i64 = match row {
-            Some(r) => r.try_get(0).map_err(|e| pg_error(&e))?,
+            Some(r) => r.try_get(0).map_err(|e| pg_error("fence read", e))?,
             None => value,
         };
         Ok(Admission::Stale {

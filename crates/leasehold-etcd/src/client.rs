@@ -1,0 +1,207 @@
+//! What every acquisition of one backend shares: the etcd client and configuration, the
+//! session lease, the in-process lock table, and the etcd requests built on them.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use etcd_client::{
+    Client, Compare, CompareOp, GetOptions, GetResponse, KeyValue, SortOrder, SortTarget, Txn,
+    TxnOp, TxnOpResponse, TxnResponse,
+};
+use leasehold_core::{Error, ErrorKind};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::NAME;
+use crate::config::EtcdConfig;
+use crate::error::{EtcdError, with_timeout};
+use crate::session::Session;
+
+pub(crate) struct Inner {
+    pub(crate) client: Client,
+    pub(crate) config: EtcdConfig,
+    /// The current session lease ([`LeaseMode::Session`]); replaced when lost.
+    pub(crate) session: tokio::sync::Mutex<Option<Arc<Session>>>,
+    /// In-process exclusion: one semaphore per waiter key (lock prefix + session lease), so
+    /// two local tasks never share a waiter key (etcd would count them as one owner).
+    local: Mutex<HashMap<Vec<u8>, Arc<Semaphore>>>,
+}
+
+impl Inner {
+    pub(crate) fn new(client: Client, config: EtcdConfig) -> Self {
+        Self {
+            client,
+            config,
+            session: tokio::sync::Mutex::new(None),
+            local: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The current session lease, or a new one if there is none or it was lost.
+    pub(crate) async fn session(&self) -> Result<Arc<Session>, Error> {
+        let mut cur = self.session.lock().await;
+        if let Some(s) = cur.as_ref()
+            && !s.is_lost()
+        {
+            return Ok(Arc::clone(s));
+        }
+        let s = Session::grant(
+            self.client.lease_client(),
+            self.config.session_ttl,
+            self.config.request_timeout,
+            true,
+        )
+        .await
+        .map_err(|e| e.into_core("granting the session lease"))?;
+        *cur = Some(Arc::clone(&s));
+        Ok(s)
+    }
+
+    fn local(&self) -> MutexGuard<'_, HashMap<Vec<u8>, Arc<Semaphore>>> {
+        self.local.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(crate) async fn txn(&self, what: &'static str, txn: Txn) -> Result<TxnResponse, EtcdError> {
+        let kv = self.client.kv_client();
+        with_timeout(self.config.request_timeout, what, || {
+            let (mut kv, txn) = (kv.clone(), txn.clone());
+            async move { kv.txn(txn).await }
+        })
+        .await
+    }
+
+    pub(crate) async fn get(
+        &self,
+        what: &'static str,
+        key: Vec<u8>,
+        opts: Option<GetOptions>,
+    ) -> Result<GetResponse, EtcdError> {
+        let kv = self.client.kv_client();
+        with_timeout(self.config.request_timeout, what, || {
+            let (mut kv, key, opts) = (kv.clone(), key.clone(), opts.clone());
+            async move { kv.get(key, opts).await }
+        })
+        .await
+    }
+
+    /// Deletes `key` if its value is `owner`: `Ok(true)` if it did.
+    pub(crate) async fn delete_if_owner(&self, key: &[u8], owner: &str) -> Result<bool, EtcdError> {
+        let txn = Txn::new()
+            .when([Compare::value(key.to_vec(), CompareOp::Equal, owner)])
+            .and_then([TxnOp::delete(key.to_vec(), None)]);
+        Ok(self.txn("release", txn).await?.succeeded())
+    }
+
+    /// Every key under `prefix` whose value is `owner`.
+    pub(crate) async fn find_owner(
+        &self,
+        prefix: &[u8],
+        owner: &str,
+    ) -> Result<Vec<KeyValue>, EtcdError> {
+        let resp = self
+            .get(
+                "get",
+                prefix.to_vec(),
+                Some(GetOptions::new().with_prefix()),
+            )
+            .await?;
+        Ok(resp
+            .kvs()
+            .iter()
+            .filter(|kv| kv.value() == owner.as_bytes())
+            .cloned()
+            .collect())
+    }
+}
+
+/// The key a session lease waits on and holds a lock with: `<lock prefix><lease id in hex>`,
+/// exactly as `etcdctl lock` (the v3 concurrency recipe) names it.
+pub(crate) fn waiter_key(prefix: &[u8], lease: i64) -> Vec<u8> {
+    let mut key = prefix.to_vec();
+    key.extend_from_slice(format!("{lease:x}").as_bytes());
+    key
+}
+
+/// One in-process lock slot: the semaphore of a waiter key, and our permit once we have it.
+/// Dropping it frees the permit and forgets the semaphore if nobody else uses it.
+pub(crate) struct LocalSlot {
+    inner: Arc<Inner>,
+    key: Vec<u8>,
+    pub(crate) sem: Arc<Semaphore>,
+    permit: Option<OwnedSemaphorePermit>,
+}
+
+impl LocalSlot {
+    pub(crate) fn new(inner: &Arc<Inner>, key: Vec<u8>) -> Self {
+        let sem = Arc::clone(
+            inner
+                .local()
+                .entry(key.clone())
+                .or_insert_with(|| Arc::new(Semaphore::new(1))),
+        );
+        Self {
+            inner: Arc::clone(inner),
+            key,
+            sem,
+            permit: None,
+        }
+    }
+
+    pub(crate) fn with(mut self, permit: OwnedSemaphorePermit) -> Self {
+        self.permit = Some(permit);
+        self
+    }
+}
+
+impl Drop for LocalSlot {
+    fn drop(&mut self) {
+        drop(self.permit.take());
+        let mut map = self.inner.local();
+        // Two references: the map's and ours. Nobody else waits on it: forget it.
+        if Arc::strong_count(&self.sem) == 2 {
+            map.remove(&self.key);
+        }
+    }
+}
+
+/// The oldest key under a prefix: the lock's holder.
+pub(crate) fn first_created() -> GetOptions {
+    GetOptions::new()
+        .with_prefix()
+        .with_sort(SortTarget::Create, SortOrder::Ascend)
+        .with_limit(1)
+}
+
+pub(crate) fn first_kv(resp: &TxnResponse, op: usize) -> Option<KeyValue> {
+    match resp.op_responses().into_iter().nth(op) {
+        Some(TxnOpResponse::Get(g)) => g.kvs().first().cloned(),
+        _ => None,
+    }
+}
+
+pub(crate) fn revision(resp: &TxnResponse) -> Result<i64, Error> {
+    resp.header()
+        .map(|h| h.revision())
+        .filter(|r| *r > 0)
+        .ok_or_else(|| Error::new(ErrorKind::Backend, NAME, "etcd answered without a revision"))
+}
+
+/// Deletes our key after an acquisition that did not end in a grant (or a grant nobody
+/// took), retrying while the session lease lives; once the lease is gone, so is the key.
+pub(crate) async fn finish(inner: &Inner, key: &[u8], owner: &str, session: &Session) {
+    let mut delay = Duration::from_millis(50);
+    for _ in 0..40 {
+        match inner.delete_if_owner(key, owner).await {
+            Ok(_) => return,
+            Err(e) => {
+                if session.is_lost() {
+                    return;
+                }
+                tracing::debug!(error = %e, "leasehold.etcd: cleanup delete failed; retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(1));
+            }
+        }
+    }
+    tracing::warn!("leasehold.etcd: gave up deleting an abandoned waiter key");
+}

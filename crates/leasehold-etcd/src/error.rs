@@ -1,0 +1,130 @@
+//! The driver-private error, converted to [`Error`] at the boundary, and the time limit of
+//! every etcd request.
+
+use std::fmt;
+use std::future::Future;
+use std::time::Duration;
+
+use leasehold_core::{Error, ErrorKind};
+use tokio::time::Instant;
+
+use crate::NAME;
+
+/// A driver-private error, converted to [`Error`] at the boundary.
+#[derive(Debug)]
+pub(crate) enum EtcdError {
+    Client(etcd_client::Error),
+    Timeout(&'static str, Duration),
+    Protocol(String),
+}
+
+impl fmt::Display for EtcdError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Client(e) => write!(f, "{e}"),
+            Self::Timeout(what, d) => write!(f, "{what}: no answer within {d:?}"),
+            Self::Protocol(m) => f.write_str(m),
+        }
+    }
+}
+
+impl std::error::Error for EtcdError {}
+
+impl EtcdError {
+    /// Whether etcd said the lease does not exist.
+    pub(crate) fn is_not_found(&self) -> bool {
+        match self {
+            Self::Client(etcd_client::Error::GRpcStatus(s)) => i32::from(s.code()) == 5,
+            _ => false,
+        }
+    }
+
+    pub(crate) fn into_core(self, what: &str) -> Error {
+        let kind = match &self {
+            Self::Timeout(..) => ErrorKind::Unavailable,
+            Self::Protocol(_) => ErrorKind::Backend,
+            Self::Client(e) if is_auth_refusal(e) => ErrorKind::InvalidConfig,
+            Self::Client(e) => match e {
+                etcd_client::Error::GRpcStatus(s) => match i32::from(s.code()) {
+                    // permission denied, unauthenticated
+                    7 | 16 => ErrorKind::InvalidConfig,
+                    // invalid argument, failed precondition, out of range
+                    3 | 9 | 11 => ErrorKind::Backend,
+                    _ => ErrorKind::Unavailable,
+                },
+                etcd_client::Error::InvalidArgs(_) | etcd_client::Error::InvalidUri(_) => {
+                    ErrorKind::InvalidConfig
+                }
+                etcd_client::Error::TransportError(_)
+                | etcd_client::Error::IoError(_)
+                | etcd_client::Error::LeaseKeepAliveError(_)
+                | etcd_client::Error::WatchError(_) => ErrorKind::Unavailable,
+                _ => ErrorKind::Backend,
+            },
+        };
+        let msg = format!("{what}: {self}");
+        Error::new(kind, NAME, msg).with_source(self)
+    }
+}
+
+/// Whether etcd refused the credentials (or their absence): a configuration problem, which
+/// retrying does not fix. etcd reports these with generic codes, so its messages (stable
+/// strings of its `rpctypes`) tell them apart.
+fn is_auth_refusal(e: &etcd_client::Error) -> bool {
+    const REFUSALS: [&str; 4] = [
+        "etcdserver: authentication failed, invalid user ID or password",
+        "etcdserver: user name is empty",
+        "etcdserver: authentication is not enabled",
+        "etcdserver: user name not found",
+    ];
+    match e {
+        etcd_client::Error::GRpcStatus(s) => REFUSALS.iter().any(|m| s.message().contains(m)),
+        _ => false,
+    }
+}
+
+impl From<etcd_client::Error> for EtcdError {
+    fn from(e: etcd_client::Error) -> Self {
+        Self::Client(e)
+    }
+}
+
+/// Runs one etcd request with a time limit, trying again while it fails *without having been
+/// sent* (the client's balancer picked a member it cannot connect to: a stopped member, or one
+/// whose connection broke and has not been re-established yet). A request that may have been
+/// sent is never repeated here.
+pub(crate) async fn with_timeout<T, F, Fut>(
+    limit: Duration,
+    what: &'static str,
+    mut request: F,
+) -> Result<T, EtcdError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, etcd_client::Error>>,
+{
+    let deadline = Instant::now() + limit;
+    let mut delay = Duration::from_millis(10);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, request()).await {
+            Ok(Err(e)) if is_unsent(&e) && Instant::now() + delay < deadline => {
+                tracing::trace!(error = %e, what, "leasehold.etcd: request not sent; retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_millis(250));
+            }
+            Ok(r) => return r.map_err(EtcdError::Client),
+            Err(_) => return Err(EtcdError::Timeout(what, limit)),
+        }
+    }
+}
+
+/// Whether the request certainly never reached etcd: the connection to the chosen member could
+/// not be made.
+fn is_unsent(e: &etcd_client::Error) -> bool {
+    match e {
+        etcd_client::Error::GRpcStatus(s) => {
+            i32::from(s.code()) == 14 && s.message().contains("connect error")
+        }
+        _ => false,
+    }
+}

@@ -1,0 +1,384 @@
+//! The etcd part of one acquisition, run in a task of its own, and the grant it makes.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use etcd_client::{
+    Compare, CompareOp, EventType, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn,
+    TxnOp, TxnResponse, WatchFilterType, WatchOptions,
+};
+use leasehold_core::{Error, ErrorKind, FencingToken, Grant, LeaseMonitor, LockRequest, Validity};
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use crate::NAME;
+use crate::client::{Inner, LocalSlot, finish, first_created, first_kv, revision, waiter_key};
+use crate::config::LeaseMode;
+use crate::session::Session;
+
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Mode {
+    Try,
+    Wait(Instant),
+}
+
+/// The etcd part of one acquisition, run in its own task.
+pub(crate) struct Job {
+    inner: Arc<Inner>,
+    prefix: Vec<u8>,
+    owner: String,
+    ttl: Duration,
+    /// The instant before our caller sent the request: no validity starts later.
+    started: Instant,
+    monitor: LeaseMonitor,
+    mode: Mode,
+    /// The session lease (given in session mode; granted by the job in per-lock mode).
+    session: Option<Arc<Session>>,
+    slot: Option<LocalSlot>,
+    /// Whether a write of our key may have reached etcd.
+    created: bool,
+}
+
+type Answer = oneshot::Sender<Result<Option<Grant>, Error>>;
+
+impl Job {
+    /// The etcd part of `req`, under the lock prefix `prefix`, on `session` (granted by the
+    /// job itself when `None`) and holding the in-process `slot`.
+    pub(crate) fn new(
+        inner: &Arc<Inner>,
+        prefix: Vec<u8>,
+        req: &LockRequest<'_>,
+        mode: Mode,
+        session: Option<Arc<Session>>,
+        slot: Option<LocalSlot>,
+    ) -> Self {
+        Self {
+            inner: Arc::clone(inner),
+            prefix,
+            owner: req.owner.as_str().to_owned(),
+            ttl: req.ttl,
+            started: req.started,
+            monitor: req.monitor.clone(),
+            mode,
+            session,
+            slot,
+            created: false,
+        }
+    }
+
+    pub(crate) async fn run(mut self, mut tx: Answer) {
+        let outcome = self.attempt(&mut tx).await;
+        let per_lock = self.inner.config.lease_mode == LeaseMode::PerLock;
+        match (outcome, self.session.take()) {
+            (Ok(Some(rev)), Some(session)) => {
+                let key = waiter_key(&self.prefix, session.id());
+                let v = session.validity(self.ttl);
+                // A per-lock lease was granted after our caller's request started; count
+                // from the earlier instant, as the contract asks.
+                let validity = Validity::new(v.from.min(self.started), v.ttl);
+                session.watch(self.monitor.clone(), self.ttl);
+                let state = EtcdGrant {
+                    inner: Arc::clone(&self.inner),
+                    key,
+                    owner: std::mem::take(&mut self.owner),
+                    session,
+                    per_lock,
+                    slot: Mutex::new(self.slot.take()),
+                    done: AtomicBool::new(false),
+                };
+                let fencing = FencingToken::new(u64::try_from(rev).unwrap_or(0));
+                let grant = Grant::new(validity).with_fencing(fencing).with_state(state);
+                // If our caller is gone, dropping the grant releases it (EtcdGrant's Drop).
+                drop(tx.send(Ok(Some(grant))));
+            }
+            (outcome, session) => {
+                drop(tx.send(outcome.map(|_| None)));
+                if let Some(session) = session {
+                    if per_lock {
+                        session.close();
+                    } else if self.created {
+                        let key = waiter_key(&self.prefix, session.id());
+                        finish(&self.inner, &key, &self.owner, &session).await;
+                    }
+                }
+                // The slot (our in-process permit) is freed only now, after our key is gone.
+                drop(self.slot.take());
+            }
+        }
+    }
+
+    /// Returns the fencing token (our key's create revision) if granted; `Ok(None)` when not
+    /// granted or when our caller went away (then `run` cleans up).
+    async fn attempt(&mut self, tx: &mut Answer) -> Result<Option<i64>, Error> {
+        // Our caller may be gone already (this task runs apart from it): then send nothing,
+        // rather than write a key only to delete it again.
+        if tx.is_closed() {
+            return Ok(None);
+        }
+        let session = self.lease().await?;
+        let key = waiter_key(&self.prefix, session.id());
+        let put = TxnOp::put(
+            key.clone(),
+            self.owner.clone(),
+            Some(PutOptions::new().with_lease(session.id())),
+        );
+        match self.mode {
+            Mode::Try => self.try_create(tx, &key, put).await,
+            Mode::Wait(deadline) => match self.enqueue(tx, &key, put).await? {
+                None => Ok(None),
+                Some((rev, true)) => Ok(Some(rev)),
+                Some((my_rev, false)) => self.wait_turn(tx, &session, &key, my_rev, deadline).await,
+            },
+        }
+    }
+
+    /// The lease our key goes on: the session's, or (per-lock mode) a new one.
+    async fn lease(&mut self) -> Result<Arc<Session>, Error> {
+        if let Some(s) = &self.session {
+            return Ok(Arc::clone(s));
+        }
+        let s = Session::grant(
+            self.inner.client.lease_client(),
+            self.ttl,
+            self.inner.config.request_timeout,
+            true,
+        )
+        .await
+        .map_err(|e| e.into_core("granting a lease"))?;
+        self.session = Some(Arc::clone(&s));
+        Ok(s)
+    }
+
+    /// Sends a transaction that may create our key, unless our caller is gone (`None`).
+    async fn create(
+        &mut self,
+        tx: &Answer,
+        what: &'static str,
+        txn: Txn,
+    ) -> Result<Option<TxnResponse>, Error> {
+        if tx.is_closed() {
+            return Ok(None);
+        }
+        self.created = true;
+        let resp = self.inner.txn(what, txn).await;
+        resp.map(Some).map_err(|e| e.into_core(what))
+    }
+
+    /// `try_acquire`: creates our key only if nothing at all is under the lock prefix (nobody
+    /// holds it and nobody is queued for it). Our key's create revision if granted.
+    async fn try_create(
+        &mut self,
+        tx: &Answer,
+        key: &[u8],
+        put: TxnOp,
+    ) -> Result<Option<i64>, Error> {
+        let txn = Txn::new()
+            .when([
+                Compare::create_revision(self.prefix.clone(), CompareOp::Equal, 0).with_prefix(),
+            ])
+            .and_then([put])
+            .or_else([TxnOp::get(key.to_vec(), None)]);
+        let Some(resp) = self.create(tx, "try lock", txn).await? else {
+            return Ok(None);
+        };
+        if resp.succeeded() {
+            return Ok(Some(revision(&resp)?));
+        }
+        match first_kv(&resp, 0) {
+            // Our own key already: an earlier send of this very request landed.
+            Some(kv) if kv.value() == self.owner.as_bytes() => {
+                return Ok(Some(kv.create_revision()));
+            }
+            Some(stale) => self.drop_stale(&stale).await,
+            None => {}
+        }
+        self.created = false;
+        Ok(None)
+    }
+
+    /// The queued recipe: our key joins the queue; the oldest key holds the lock. Our key's
+    /// create revision and whether it holds the lock already; `None` if our caller is gone.
+    async fn enqueue(
+        &mut self,
+        tx: &Answer,
+        key: &[u8],
+        put: TxnOp,
+    ) -> Result<Option<(i64, bool)>, Error> {
+        let txn = Txn::new()
+            .when([Compare::create_revision(key.to_vec(), CompareOp::Equal, 0)])
+            .and_then([put, TxnOp::get(self.prefix.clone(), Some(first_created()))])
+            .or_else([TxnOp::get(key.to_vec(), None)]);
+        let Some(resp) = self.create(tx, "lock", txn).await? else {
+            return Ok(None);
+        };
+        if resp.succeeded() {
+            let my_rev = revision(&resp)?;
+            let first = first_kv(&resp, 1).is_none_or(|kv| kv.create_revision() == my_rev);
+            return Ok(Some((my_rev, first)));
+        }
+        match first_kv(&resp, 0) {
+            // Our own key already: queued (or holding) since its create revision.
+            Some(kv) if kv.value() == self.owner.as_bytes() => {
+                Ok(Some((kv.create_revision(), false)))
+            }
+            stale => {
+                self.created = false;
+                if let Some(stale) = stale {
+                    self.drop_stale(&stale).await;
+                }
+                Err(Error::new(
+                    ErrorKind::Unavailable,
+                    NAME,
+                    "found a stale waiter key of our own session; removed it, retry",
+                ))
+            }
+        }
+    }
+
+    /// Waits until our key (created at `my_rev`) is the oldest under the lock prefix: watches
+    /// the deletion of our predecessor, again and again. `Ok(None)` at the deadline or when
+    /// our caller is gone.
+    async fn wait_turn(
+        &self,
+        tx: &mut Answer,
+        session: &Session,
+        key: &[u8],
+        my_rev: i64,
+        deadline: Instant,
+    ) -> Result<Option<i64>, Error> {
+        loop {
+            // Our predecessor: the newest key created before ours. Also check our own key is
+            // still there (a lost session deletes it, and then there is nothing to wait for).
+            let txn = Txn::new().and_then([
+                TxnOp::get(
+                    self.prefix.clone(),
+                    Some(
+                        GetOptions::new()
+                            .with_prefix()
+                            .with_max_create_revision(my_rev - 1)
+                            .with_sort(SortTarget::Create, SortOrder::Descend)
+                            .with_limit(1),
+                    ),
+                ),
+                TxnOp::get(key.to_vec(), None),
+            ]);
+            let resp = self
+                .inner
+                .txn("lock wait", txn)
+                .await
+                .map_err(|e| e.into_core("lock wait"))?;
+            let ours = first_kv(&resp, 1);
+            if ours.is_none_or(|kv| kv.value() != self.owner.as_bytes()) {
+                return Err(Error::new(
+                    ErrorKind::Unavailable,
+                    NAME,
+                    "our waiter key vanished while we waited (the session lease was lost)",
+                ));
+            }
+            let Some(pred) = first_kv(&resp, 0) else {
+                return Ok(Some(my_rev));
+            };
+            let from = resp.header().map_or(0, |h| h.revision()) + 1;
+            tokio::select! {
+                r = self.deleted(pred.key().to_vec(), from) => {
+                    if let Err(e) = r {
+                        tracing::debug!(error = %e, "leasehold.etcd: watch failed; checking again");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                }
+                () = tokio::time::sleep_until(deadline) => return Ok(None),
+                () = tx.closed() => return Ok(None),
+                () = session.lost() => return Err(Error::new(ErrorKind::Unavailable, NAME,
+                    "the session lease was lost while waiting")),
+            }
+        }
+    }
+
+    /// Returns once `key` is deleted (watched from revision `from` on), or the watch ends.
+    async fn deleted(&self, key: Vec<u8>, from: i64) -> Result<(), etcd_client::Error> {
+        let mut watch = self.inner.client.watch_client();
+        let opts = WatchOptions::new()
+            .with_start_revision(from)
+            .with_filters([WatchFilterType::NoPut]);
+        let mut stream = watch.watch(key, Some(opts)).await?;
+        while let Some(resp) = stream.message().await? {
+            if resp.canceled()
+                || resp
+                    .events()
+                    .iter()
+                    .any(|e| e.event_type() == EventType::Delete)
+            {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// A key of our own lease that no acquisition of ours owns (a cleanup that failed): delete
+    /// it, so it does not block the lock until the session ends.
+    async fn drop_stale(&self, stale: &KeyValue) {
+        let Some(session) = &self.session else { return };
+        if stale.lease() != session.id() {
+            return;
+        }
+        let txn = Txn::new()
+            .when([Compare::mod_revision(
+                stale.key().to_vec(),
+                CompareOp::Equal,
+                stale.mod_revision(),
+            )])
+            .and_then([TxnOp::delete(stale.key().to_vec(), None)]);
+        if let Err(e) = self.inner.txn("delete stale key", txn).await {
+            tracing::warn!(error = %e, "leasehold.etcd: could not delete a stale waiter key");
+        }
+    }
+}
+
+/// The backend-private state of a grant.
+pub(crate) struct EtcdGrant {
+    pub(crate) inner: Arc<Inner>,
+    pub(crate) key: Vec<u8>,
+    pub(crate) owner: String,
+    pub(crate) session: Arc<Session>,
+    pub(crate) per_lock: bool,
+    /// Our in-process permit, freed once our key is deleted.
+    pub(crate) slot: Mutex<Option<LocalSlot>>,
+    pub(crate) done: AtomicBool,
+}
+
+impl EtcdGrant {
+    pub(crate) fn take_slot(&self) -> Option<LocalSlot> {
+        self.slot
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+    }
+}
+
+impl Drop for EtcdGrant {
+    fn drop(&mut self) {
+        if self.done.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        // Never released (the grant was dropped before anyone took it, or release failed):
+        // delete our key in the background, then free the permit.
+        if self.per_lock {
+            self.session.close();
+            return;
+        }
+        let slot = self.take_slot();
+        let (inner, key, owner, session) = (
+            Arc::clone(&self.inner),
+            std::mem::take(&mut self.key),
+            std::mem::take(&mut self.owner),
+            Arc::clone(&self.session),
+        );
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            drop(rt.spawn(async move {
+                finish(&inner, &key, &owner, &session).await;
+                drop(slot);
+            }));
+        }
+    }
+}

@@ -1,0 +1,68 @@
+//! The one mapping of PostgreSQL errors to leasehold's: what a caller can match on and
+//! whether retrying can help.
+
+use leasehold_core::{Error, ErrorKind};
+use tokio_postgres::error::SqlState;
+
+use crate::NAME;
+use crate::config::PostgresConfig;
+
+/// A failed connect; with TLS the message says which `sslmode` was in force, since a
+/// certificate that fails verification shows up as an I/O error of the handshake.
+/// tokio-postgres' own message omits the cause (e.g. the rustls verdict), so its source chain
+/// is appended (none of it carries a password).
+pub(crate) fn connect_error(cfg: &PostgresConfig, e: tokio_postgres::Error) -> Error {
+    let mut what = if cfg.tls.is_some() {
+        format!("connect (sslmode={})", cfg.ssl_mode())
+    } else {
+        "connect".to_owned()
+    };
+    let mut causes = String::new();
+    let mut source = std::error::Error::source(&e);
+    while let Some(cause) = source {
+        causes.push_str(&format!(": {cause}"));
+        source = cause.source();
+    }
+    let kind = classify(&e);
+    what.push_str(&format!(": {e}{causes}"));
+    Error::new(kind, NAME, what).with_source(e)
+}
+
+/// Whether the error is PostgreSQL's "lock timeout" (SQLSTATE 55P03, lock_not_available).
+pub(crate) fn is_lock_timeout(e: &tokio_postgres::Error) -> bool {
+    e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE)
+}
+
+/// Converts a driver error into the public error, classifying it; never includes a password
+/// (tokio-postgres' messages carry none).
+pub(crate) fn pg_error(what: &str, e: tokio_postgres::Error) -> Error {
+    let kind = classify(&e);
+    Error::new(kind, NAME, format!("{what}: {e}")).with_source(e)
+}
+
+fn classify(e: &tokio_postgres::Error) -> ErrorKind {
+    if e.is_closed() {
+        return ErrorKind::Unavailable;
+    }
+    let Some(code) = e.code() else {
+        // I/O, connect, timeouts, protocol: the server is unreachable or went away.
+        return ErrorKind::Unavailable;
+    };
+    let code = code.code();
+    match code {
+        // Connection exceptions, insufficient resources (too many connections), operator
+        // intervention (shutdown, starting up), system errors.
+        _ if code.starts_with("08")
+            || code.starts_with("53")
+            || code.starts_with("57P")
+            || code.starts_with("58") =>
+        {
+            ErrorKind::Unavailable
+        }
+        // Authentication, unknown database, missing privilege.
+        _ if code.starts_with("28") || code == "3D000" || code == "42501" => {
+            ErrorKind::InvalidConfig
+        }
+        _ => ErrorKind::Backend,
+    }
+}
