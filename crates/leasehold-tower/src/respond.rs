@@ -314,7 +314,7 @@ where
             return Poll::Ready(Ok(parts.response()));
         }
         let Some(fut) = this.fut.as_pin_mut() else {
-            panic!("ResponseFuture polled after completion");
+            crate::once::polled_after_completion()
         };
         Poll::Ready(match ready!(fut.poll(cx)) {
             Ok(response) => Ok(response),
