@@ -4,8 +4,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use leasehold_core::{
-    Capabilities, Error, ExtendRequest, Grant, Held, HolderInfo, LockBackend, LockKey, LockRequest,
-    RenewalKind, Validity, Waited, async_trait,
+    Capabilities, Error, ExtendRequest, Grant, Held, HolderInfo, Lease, LockBackend, LockKey,
+    LockRequest, RenewalKind, Validity, Waited, async_trait,
 };
 use tokio::time::Instant;
 
@@ -21,38 +21,34 @@ pub async fn validity_deadline(t: &Target) -> Result<(), Failure> {
         inner: Arc::clone(&t.primary),
         sent_at: Arc::clone(&sent_at),
     });
-    let sent_instant = || {
-        sent_at
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take()
-            .ok_or_else(|| Failure::new(CHECK, "no request was recorded"))
-    };
     let ttl = t.long_ttl();
     let locker = t.locker(&slow, ttl, leasehold_core::Renewal::Off)?;
     let margin = locker.options().drift.margin(ttl);
+    // The deadline after the last request (`when` names it) is at most send + ttl − drift.
+    let deadline_from_send = |lease: &Lease, when: &str| {
+        let sent = sent_at
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+            .ok_or_else(|| Failure::new(CHECK, "no request was recorded"))?;
+        ensure!(
+            CHECK,
+            lease.valid_until() <= sent + ttl - margin,
+            "deadline {when} is {:?} past the send instant, more than ttl − drift ({:?}): \
+             counted from the answer, not the request?",
+            lease.valid_until() - sent,
+            ttl - margin
+        );
+        Ok(())
+    };
 
     let lease = op(CHECK, "try_acquire", locker.try_acquire(&key).await)?
         .ok_or_else(|| Failure::new(CHECK, "a free key was not granted"))?;
-    let sent = sent_instant()?;
-    ensure!(
-        CHECK,
-        lease.valid_until() <= sent + ttl - margin,
-        "deadline {:?} after send + ttl − drift ({:?}): counted from the answer, not the request?",
-        lease.valid_until() - sent,
-        ttl - margin
-    );
+    deadline_from_send(&lease, "on acquisition")?;
     ensure!(CHECK, !lease.is_lost(), "a fresh lease is already lost");
 
     op(CHECK, "extend", lease.extend(ttl).await)?;
-    let sent = sent_instant()?;
-    ensure!(
-        CHECK,
-        lease.valid_until() <= sent + ttl - margin,
-        "deadline after extend is {:?} past the send instant; at most {:?} allowed",
-        lease.valid_until() - sent,
-        ttl - margin
-    );
+    deadline_from_send(&lease, "after extend")?;
     op(CHECK, "release", lease.release().await)?;
     Ok(())
 }

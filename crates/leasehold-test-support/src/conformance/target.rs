@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use leasehold_core::{Capabilities, Error, Lease, LockBackend, LockKey, LockOptions, Locker};
 use rand::Rng;
+use tokio::time::Instant;
 
 /// A boxed, sendable future.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -56,15 +57,15 @@ impl Target {
     }
 
     /// Adds the held-count hook.
-    pub fn with_held(mut self, hook: HeldHook) -> Self {
-        self.held = Some(hook);
-        self
+    pub fn with_held(self, hook: HeldHook) -> Self {
+        let held = Some(hook);
+        Self { held, ..self }
     }
 
     /// Adds the expiry hook.
-    pub fn with_expire(mut self, hook: ExpireHook) -> Self {
-        self.expire = Some(hook);
-        self
+    pub fn with_expire(self, hook: ExpireHook) -> Self {
+        let expire = Some(hook);
+        Self { expire, ..self }
     }
 
     pub(super) fn caps(&self) -> Capabilities {
@@ -137,6 +138,48 @@ impl std::error::Error for Failure {}
 /// Turns an unexpected backend error into a failure of `check`.
 pub(super) fn op<T>(check: &'static str, what: &str, r: Result<T, Error>) -> Result<T, Failure> {
     r.map_err(|e| Failure::new(check, format!("{what}: unexpected error: {e}")))
+}
+
+/// The locker of worker `w` of a contention check: workers alternate between the two clients,
+/// with renewal on.
+pub(super) fn worker_locker(t: &Target, w: usize) -> Result<Locker, Failure> {
+    let backend = if w.is_multiple_of(2) {
+        &t.primary
+    } else {
+        &t.other
+    };
+    t.locker(backend, t.long_ttl(), leasehold_core::Renewal::Auto)
+}
+
+/// Acquires `key` for a contention check, waiting up to a minute behind the other workers.
+pub(super) async fn acquire_in_turn(
+    check: &'static str,
+    locker: &Locker,
+    key: &LockKey,
+) -> Result<Lease, Failure> {
+    op(
+        check,
+        "acquire",
+        locker.acquire(key, Duration::from_secs(60)).await,
+    )
+}
+
+/// One `try_acquire` that must answer within `limit`, whatever its answer.
+pub(super) async fn prompt_try(
+    check: &'static str,
+    locker: &Locker,
+    key: &LockKey,
+    limit: Duration,
+) -> Result<Option<Lease>, Failure> {
+    let t0 = Instant::now();
+    let got = op(check, "try_acquire", locker.try_acquire(key).await)?;
+    ensure!(
+        check,
+        t0.elapsed() < limit,
+        "try_acquire took {:?}",
+        t0.elapsed()
+    );
+    Ok(got)
 }
 
 /// A key unique to this run and check, so runs and checks never see each other's locks.

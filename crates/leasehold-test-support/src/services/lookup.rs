@@ -109,12 +109,8 @@ pub fn lookup(service: Service) -> Result<Endpoints, Unavailable> {
         });
     }
 
-    let urls: Vec<String> = raw
-        .split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(str::to_owned)
-        .collect();
+    // Blank entries (a trailing comma) are ignored.
+    let urls: Vec<String> = raw.split(',').filter_map(trimmed).collect();
     if urls.is_empty() {
         return Err(unavailable(format!("{} is empty", service.env_key())));
     }
@@ -166,6 +162,13 @@ pub fn require(service: Service) -> Option<Endpoints> {
             None
         }
     }
+}
+
+/// `entry` without surrounding blanks, unless nothing is left.
+fn trimmed(entry: &str) -> Option<String> {
+    Some(entry.trim())
+        .filter(|e| !e.is_empty())
+        .map(str::to_owned)
 }
 
 /// `scheme://user:pass@host:port/path?query` (or plain `host:port`) to
