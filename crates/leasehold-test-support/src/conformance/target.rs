@@ -7,7 +7,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use leasehold_core::{Capabilities, Error, Lease, LockBackend, LockKey, LockOptions, Locker};
+use leasehold_core::{Capabilities, Error, Lease, LockBackend, LockKey, Locker};
 use rand::Rng;
 use tokio::time::Instant;
 
@@ -84,16 +84,13 @@ impl Target {
         ttl: Duration,
         renewal: leasehold_core::Renewal,
     ) -> Result<Locker, Failure> {
+        // Retries come fast: the checks contend hard and must not wait out long backoffs.
+        let backoff = leasehold_core::Backoff {
+            initial: Duration::from_millis(2),
+            max: Duration::from_millis(50),
+        };
         Locker::from_arc(Arc::clone(backend))
-            .with_options(
-                LockOptions::default()
-                    .with_ttl(ttl)
-                    .with_renewal(renewal)
-                    .with_backoff(leasehold_core::Backoff {
-                        initial: Duration::from_millis(2),
-                        max: Duration::from_millis(50),
-                    }),
-            )
+            .with_options(crate::harness::options(ttl, renewal).with_backoff(backoff))
             .map_err(|e| Failure::new("setup", format!("locker options rejected: {e}")))
     }
 
