@@ -30,6 +30,24 @@
 //! This crate depends on no driver: drivers live in `leasehold-redis`, `leasehold-postgres` and
 //! `leasehold-etcd`, and the facade `leasehold` re-exports them.
 
+/// Implements `Debug` (the string, quoted) and `Display` (the string) for a string newtype
+/// through its `as_str`: keys and owner values show as what backends store.
+macro_rules! fmt_as_str {
+    ($ty:ty) => {
+        impl std::fmt::Debug for $ty {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                std::fmt::Debug::fmt(self.as_str(), f)
+            }
+        }
+
+        impl std::fmt::Display for $ty {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    };
+}
+
 mod backend;
 mod caps;
 mod detach;

@@ -299,12 +299,10 @@ impl Locker {
         let lease = Lease::new(
             key.clone(),
             owner,
-            grant.fencing,
-            grant.state,
+            grant,
             Arc::clone(&self.backend),
             self.caps,
             shared,
-            grant.validity,
             ttl,
         );
         if lease.is_lost() {

@@ -68,37 +68,35 @@ impl Default for StatusMap {
     }
 }
 
-impl StatusMap {
+/// One setter per status of a [`StatusMap`], each with its doc line.
+macro_rules! status_setters {
+    ($($(#[$doc:meta])* $name:ident;)+) => {
+        impl StatusMap {
+            $(
+                $(#[$doc])*
+                pub fn $name(mut self, status: StatusCode) -> Self {
+                    self.$name = status;
+                    self
+                }
+            )+
+        }
+    };
+}
+
+status_setters! {
     /// The status of [`LockError::Contended`] (default 409).
-    pub fn contended(mut self, status: StatusCode) -> Self {
-        self.contended = status;
-        self
-    }
-
+    contended;
     /// The status of [`LockError::Timeout`] (default 409).
-    pub fn timeout(mut self, status: StatusCode) -> Self {
-        self.timeout = status;
-        self
-    }
-
+    timeout;
     /// The status of [`LockError::Unavailable`] (default 503).
-    pub fn unavailable(mut self, status: StatusCode) -> Self {
-        self.unavailable = status;
-        self
-    }
-
+    unavailable;
     /// The status of [`LockError::LeaseLost`] (default 503).
-    pub fn lease_lost(mut self, status: StatusCode) -> Self {
-        self.lease_lost = status;
-        self
-    }
-
+    lease_lost;
     /// The status of [`LockError::Lock`] (default 500).
-    pub fn lock_error(mut self, status: StatusCode) -> Self {
-        self.lock_error = status;
-        self
-    }
+    lock_error;
+}
 
+impl StatusMap {
     /// The status of `err`; `None` for the inner service's own error
     /// ([`LockError::Service`]).
     pub fn status<E, R>(&self, err: &LockError<E, R>) -> Option<StatusCode> {

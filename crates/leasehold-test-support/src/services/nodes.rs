@@ -25,15 +25,22 @@ pub enum NodeAction {
 }
 
 impl NodeAction {
+    /// Every action, in the order of [`SUBCOMMANDS`](Self::SUBCOMMANDS).
+    pub const ALL: [NodeAction; 5] = [
+        NodeAction::Stop,
+        NodeAction::Start,
+        NodeAction::Restart,
+        NodeAction::Pause,
+        NodeAction::Resume,
+    ];
+
+    /// The script's subcommand of each action, in declaration order.
+    const SUBCOMMANDS: [&'static str; 5] = ["stop", "start", "restart", "pause", "resume"];
+
     /// The script's subcommand for this action.
     pub fn as_str(self) -> &'static str {
-        match self {
-            NodeAction::Stop => "stop",
-            NodeAction::Start => "start",
-            NodeAction::Restart => "restart",
-            NodeAction::Pause => "pause",
-            NodeAction::Resume => "resume",
-        }
+        // A fieldless enum's discriminants count from 0 in declaration order.
+        Self::SUBCOMMANDS[self as usize]
     }
 }
 
@@ -136,5 +143,20 @@ fn stdout_suffix(stdout: &[u8]) -> String {
         String::new()
     } else {
         format!(" (stdout: {text})")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::NodeAction;
+
+    #[test]
+    fn every_action_names_its_subcommand() {
+        let names: Vec<String> = NodeAction::ALL
+            .iter()
+            .map(|a| format!("{a:?}").to_lowercase())
+            .collect();
+        let subcommands: Vec<&str> = NodeAction::ALL.iter().map(|a| a.as_str()).collect();
+        assert_eq!(names, subcommands);
     }
 }
