@@ -201,6 +201,7 @@ impl<S> Layer<S> for ErrorResponseLayer {
 ///
 /// A lock failure from the inner `poll_ready` (which [`Lock`](crate::Lock) never produces) is
 /// answered too: `poll_ready` then reports ready and the next request gets that response.
+#[derive(Debug)]
 pub struct ErrorResponse<S> {
     inner: S,
     map: StatusMap,
@@ -214,15 +215,6 @@ impl<S: Clone> Clone for ErrorResponse<S> {
             map: self.map,
             failed_ready: None,
         }
-    }
-}
-
-impl<S: fmt::Debug> fmt::Debug for ErrorResponse<S> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ErrorResponse")
-            .field("inner", &self.inner)
-            .field("map", &self.map)
-            .finish()
     }
 }
 

@@ -9,7 +9,20 @@ use tokio::time::Instant;
 
 use crate::fence::FencedResource;
 
-use super::target::{Failure, Target, acquire_in_turn, op, prompt_try, unique_key, worker_locker};
+use super::target::{Failure, Target, in_turns, op, prompt_try, unique_key};
+
+/// What the workers of [`mutual_exclusion`] share.
+#[derive(Default)]
+struct Tally {
+    /// The non-atomic counter: read, pause, write back, under the lock.
+    counter: AtomicU64,
+    /// Workers inside the critical section now.
+    inside: AtomicUsize,
+    /// Times a worker entered while another was inside.
+    overlaps: AtomicUsize,
+    /// Where every holder writes with its fencing token.
+    resource: FencedResource,
+}
 
 /// 1. W workers × M increments of a shared, non-atomic counter under the lock, half through each
 ///    client: the total is exactly W×M, an overlap detector sees no two holders at once, and (for
@@ -19,58 +32,42 @@ pub async fn mutual_exclusion(t: &Target) -> Result<(), Failure> {
     const WORKERS: usize = 5;
     const INCREMENTS: usize = 10;
     let key = unique_key(CHECK)?;
-    let counter = Arc::new(AtomicU64::new(0));
-    let inside = Arc::new(AtomicUsize::new(0));
-    let overlaps = Arc::new(AtomicUsize::new(0));
-    let resource = Arc::new(FencedResource::new());
+    let tally = Arc::new(Tally::default());
     let mints = t.caps().fencing.mints_tokens();
-    let mut tasks = Vec::new();
-    for w in 0..WORKERS {
-        let locker = worker_locker(t, w)?;
-        let (key, counter, inside, overlaps, resource) = (
-            key.clone(),
-            Arc::clone(&counter),
-            Arc::clone(&inside),
-            Arc::clone(&overlaps),
-            Arc::clone(&resource),
-        );
-        tasks.push(tokio::spawn(async move {
-            for _ in 0..INCREMENTS {
-                let lease = acquire_in_turn(CHECK, &locker, &key).await?;
-                if inside.fetch_add(1, Ordering::SeqCst) != 0 {
-                    overlaps.fetch_add(1, Ordering::SeqCst);
-                }
-                if mints {
-                    let token = lease.fencing_token().ok_or_else(|| {
-                        Failure::new(CHECK, "backend declares fencing but gave no token")
-                    })?;
-                    if let Err(stale) = resource.write("counter", token) {
-                        return Err(Failure::new(
-                            CHECK,
-                            format!("fenced write rejected under the lock: {stale:?}"),
-                        ));
-                    }
-                }
-                let v = counter.load(Ordering::SeqCst);
-                tokio::time::sleep(Duration::from_millis(1)).await;
-                counter.store(v + 1, Ordering::SeqCst);
-                inside.fetch_sub(1, Ordering::SeqCst);
-                let held = op(CHECK, "release", lease.release().await)?;
-                ensure!(
-                    CHECK,
-                    held,
-                    "release said the lock was not held by its holder"
-                );
+    let shared = Arc::clone(&tally);
+    in_turns(t, CHECK, &key, WORKERS, INCREMENTS, move |lease| {
+        let tally = Arc::clone(&shared);
+        async move {
+            if tally.inside.fetch_add(1, Ordering::SeqCst) != 0 {
+                tally.overlaps.fetch_add(1, Ordering::SeqCst);
             }
-            Ok::<(), Failure>(())
-        }));
-    }
-    for task in tasks {
-        task.await
-            .map_err(|e| Failure::new(CHECK, format!("worker panicked: {e}")))??;
-    }
-    let total = counter.load(Ordering::SeqCst);
-    let overlaps = overlaps.load(Ordering::SeqCst);
+            if mints {
+                let token = lease.fencing_token().ok_or_else(|| {
+                    Failure::new(CHECK, "backend declares fencing but gave no token")
+                })?;
+                if let Err(stale) = tally.resource.write("counter", token) {
+                    return Err(Failure::new(
+                        CHECK,
+                        format!("fenced write rejected under the lock: {stale:?}"),
+                    ));
+                }
+            }
+            let v = tally.counter.load(Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            tally.counter.store(v + 1, Ordering::SeqCst);
+            tally.inside.fetch_sub(1, Ordering::SeqCst);
+            let held = op(CHECK, "release", lease.release().await)?;
+            ensure!(
+                CHECK,
+                held,
+                "release said the lock was not held by its holder"
+            );
+            Ok(())
+        }
+    })
+    .await?;
+    let total = tally.counter.load(Ordering::SeqCst);
+    let overlaps = tally.overlaps.load(Ordering::SeqCst);
     ensure!(CHECK, overlaps == 0, "{overlaps} overlapping holders seen");
     ensure!(
         CHECK,
@@ -272,26 +269,19 @@ pub async fn fencing_tokens(t: &Target) -> Result<(), Failure> {
     const ROUNDS: usize = 5;
     let key = unique_key(CHECK)?;
     let seen = Arc::new(Mutex::new(Vec::new()));
-    let mut tasks = Vec::new();
-    for w in 0..WORKERS {
-        let locker = worker_locker(t, w)?;
-        let (key, seen) = (key.clone(), Arc::clone(&seen));
-        tasks.push(tokio::spawn(async move {
-            for _ in 0..ROUNDS {
-                let lease = acquire_in_turn(CHECK, &locker, &key).await?;
-                seen.lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .push(lease.fencing_token());
-                tokio::task::yield_now().await;
-                op(CHECK, "release", lease.release().await)?;
-            }
-            Ok::<(), Failure>(())
-        }));
-    }
-    for task in tasks {
-        task.await
-            .map_err(|e| Failure::new(CHECK, format!("worker panicked: {e}")))??;
-    }
+    let shared = Arc::clone(&seen);
+    in_turns(t, CHECK, &key, WORKERS, ROUNDS, move |lease| {
+        let seen = Arc::clone(&shared);
+        async move {
+            seen.lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(lease.fencing_token());
+            tokio::task::yield_now().await;
+            op(CHECK, "release", lease.release().await)?;
+            Ok(())
+        }
+    })
+    .await?;
     let seen = std::mem::take(&mut *seen.lock().unwrap_or_else(PoisonError::into_inner));
     ensure!(
         CHECK,

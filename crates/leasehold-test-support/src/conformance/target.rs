@@ -137,28 +137,43 @@ pub(super) fn op<T>(check: &'static str, what: &str, r: Result<T, Error>) -> Res
     r.map_err(|e| Failure::new(check, format!("{what}: unexpected error: {e}")))
 }
 
-/// The locker of worker `w` of a contention check: workers alternate between the two clients,
-/// with renewal on.
-pub(super) fn worker_locker(t: &Target, w: usize) -> Result<Locker, Failure> {
-    let backend = if w.is_multiple_of(2) {
-        &t.primary
-    } else {
-        &t.other
-    };
-    t.locker(backend, t.long_ttl(), leasehold_core::Renewal::Auto)
-}
-
-/// Acquires `key` for a contention check, waiting up to a minute behind the other workers.
-pub(super) async fn acquire_in_turn(
+/// The contention pattern of several checks: `workers` tasks (alternating between the two
+/// clients, renewal on) each take `key` `rounds` times, waiting their turn, and hand each lease
+/// to `step`, which releases it. The first failure, or a worker's panic, fails `check`.
+pub(super) async fn in_turns<F, Fut>(
+    t: &Target,
     check: &'static str,
-    locker: &Locker,
     key: &LockKey,
-) -> Result<Lease, Failure> {
-    op(
-        check,
-        "acquire",
-        locker.acquire(key, Duration::from_secs(60)).await,
-    )
+    workers: usize,
+    rounds: usize,
+    step: F,
+) -> Result<(), Failure>
+where
+    F: Fn(Lease) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = Result<(), Failure>> + Send,
+{
+    let mut tasks = Vec::new();
+    for w in 0..workers {
+        let backend = if w.is_multiple_of(2) {
+            &t.primary
+        } else {
+            &t.other
+        };
+        let locker = t.locker(backend, t.long_ttl(), leasehold_core::Renewal::Auto)?;
+        let (key, step) = (key.clone(), step.clone());
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..rounds {
+                let lease = locker.acquire(&key, Duration::from_secs(60)).await;
+                step(op(check, "acquire", lease)?).await?;
+            }
+            Ok::<(), Failure>(())
+        }));
+    }
+    for task in tasks {
+        task.await
+            .map_err(|e| Failure::new(check, format!("worker panicked: {e}")))??;
+    }
+    Ok(())
 }
 
 /// One `try_acquire` that must answer within `limit`, whatever its answer.
