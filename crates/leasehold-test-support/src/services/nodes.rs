@@ -25,7 +25,7 @@ pub enum NodeAction {
 }
 
 impl NodeAction {
-    /// Every action, in the order of [`SUBCOMMANDS`](Self::SUBCOMMANDS).
+    /// Every action, in declaration order.
     pub const ALL: [NodeAction; 5] = [
         NodeAction::Stop,
         NodeAction::Start,
