@@ -151,9 +151,11 @@ impl Grant {
     }
 
     /// Adds a fencing token.
-    pub fn with_fencing(mut self, token: FencingToken) -> Self {
-        self.fencing = Some(token);
-        self
+    pub fn with_fencing(self, token: FencingToken) -> Self {
+        Self {
+            fencing: Some(token),
+            ..self
+        }
     }
 
     /// Adds backend-private state.
@@ -245,9 +247,11 @@ impl HolderInfo {
     }
 
     /// Sets the owner value.
-    pub fn with_owner(mut self, owner: Owner) -> Self {
-        self.owner = Some(owner);
-        self
+    pub fn with_owner(self, owner: Owner) -> Self {
+        Self {
+            owner: Some(owner),
+            ..self
+        }
     }
 
     /// Sets the fencing token.
@@ -257,14 +261,18 @@ impl HolderInfo {
     }
 
     /// Sets the remaining TTL.
-    pub fn with_remaining(mut self, remaining: Duration) -> Self {
-        self.remaining = Some(remaining);
-        self
+    pub fn with_remaining(self, remaining: Duration) -> Self {
+        Self {
+            remaining: Some(remaining),
+            ..self
+        }
     }
 
     /// Sets the free-form detail.
-    pub fn with_detail(mut self, detail: impl Into<String>) -> Self {
-        self.detail = Some(detail.into());
-        self
+    pub fn with_detail(self, detail: impl Into<String>) -> Self {
+        Self {
+            detail: Some(detail.into()),
+            ..self
+        }
     }
 }

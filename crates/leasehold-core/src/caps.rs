@@ -3,7 +3,8 @@
 use std::fmt;
 use std::time::Duration;
 
-/// How far a backend's mutual exclusion can be trusted (DESIGN.md, "efficiency or correctness").
+/// How far a backend's mutual exclusion can be trusted: for efficiency (a lost lock costs
+/// duplicate work) or for correctness (a lost lock corrupts data), as the crate docs explain.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum SafetyClass {

@@ -1,6 +1,5 @@
 //! Lock keys, validated once.
 
-use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
 
@@ -75,17 +74,7 @@ impl LockKey {
     }
 }
 
-impl fmt::Debug for LockKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(&*self.0, f)
-    }
-}
-
-impl fmt::Display for LockKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
+fmt_as_str!(LockKey);
 
 impl AsRef<str> for LockKey {
     fn as_ref(&self) -> &str {

@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
-use crate::backend::{ExtendRequest, GrantState, Held, LockBackend};
+use crate::backend::{ExtendRequest, Grant, GrantState, Held, LockBackend};
 use crate::caps::Capabilities;
 use crate::detach::spawn_detached;
 use crate::error::Error;
@@ -19,7 +19,6 @@ use crate::metrics;
 use crate::policy::check_ttl;
 use crate::signal::{LostSignal, Shared};
 use crate::token::{FencingToken, Owner};
-use crate::validity::Validity;
 
 /// A cloneable description of a held lease, for handing to code that must not own the guard:
 /// a request handler that sends the fencing token to storage, a task that watches for loss.
@@ -101,26 +100,24 @@ pub struct Lease {
 }
 
 impl Lease {
-    #[allow(clippy::too_many_arguments)]
+    /// The lease of `grant`, taken by `owner` on `key` through `backend` for `ttl`.
     pub(crate) fn new(
         key: LockKey,
         owner: Owner,
-        fencing: Option<FencingToken>,
-        state: Option<GrantState>,
+        grant: Grant,
         backend: Arc<dyn LockBackend>,
         caps: Capabilities,
         shared: Arc<Shared>,
-        validity: Validity,
         ttl: Duration,
     ) -> Self {
-        shared.start(validity);
+        shared.start(grant.validity);
         metrics::held(backend.name(), 1.0);
         Self {
             inner: Arc::new(Inner {
                 key,
                 owner,
-                fencing,
-                state,
+                fencing: grant.fencing,
+                state: grant.state,
                 backend,
                 caps,
                 shared,
@@ -400,6 +397,7 @@ mod tests {
 
     use super::*;
     use crate::signal::LeaseMonitor;
+    use crate::validity::Validity;
     use crate::{Locker, MemoryBackend};
 
     /// Status changes wake nobody while no lost signal exists; a signal taken before or after

@@ -21,15 +21,63 @@
 //! - [`driver::Driver`] is the table each driver crate exports, so that a registry opens
 //!   backends by URL scheme.
 //!
+//! # The contract every backend honours
+//!
+//! The drivers, the tower middleware and the conformance suite of `leasehold-test-support` all
+//! rely on these rules; the suite checks each of them against every backend.
+//!
+//! - **Efficiency or correctness.** Locks serve either efficiency (a lost lock costs duplicate
+//!   work) or correctness (a lost lock corrupts data). Each backend declares its
+//!   [`SafetyClass`]; only consensus (etcd) or a transactional database (PostgreSQL), together
+//!   with fencing checks at the resource, is fit for correctness.
+//! - **Fencing tokens.** A [`FencingToken`] strictly increases on every grant of the same key
+//!   (for backends whose [`FencingKind`] says they mint one). It goes with every write, and the
+//!   resource rejects a token lower than one it has accepted ([`FenceStore`]). A random owner
+//!   value is not a fencing token: it identifies, it does not order.
+//! - **Keys.** A [`LockKey`] is validated once (non-empty, at most [`MAX_KEY_LEN`] bytes, no
+//!   NUL); each backend maps it, under a configurable prefix, in a documented and stable way,
+//!   so another client (`redis-cli`, `psql`, `etcdctl`) can take the same lock.
+//! - **Acquire.** A grant carries the key, our [`Owner`] value, the optional token and a
+//!   [`Validity`]; the lease's deadline is counted from the instant *before* the request was
+//!   sent, minus a [`Drift`] margin. `try_acquire` makes one attempt and returns `Ok(None)`
+//!   when someone else holds the key (contention is not an error); `acquire` waits within a
+//!   budget, natively or with jittered backoff, and gives up cleanly at the deadline.
+//! - **Cancellation.** Dropping an acquisition at any point leaks nothing: a grant that may
+//!   have reached the server is released in the background ([`settle`] waits for those).
+//! - **Release** deletes only our own grant (compare-and-delete), says whether we still held
+//!   it, and is idempotent; dropping a [`Lease`] releases it in the background.
+//! - **Extend and loss.** Extending re-arms the TTL only while we hold the grant; a watchdog
+//!   can do it. When renewal fails, the deadline passes or the backend reports the loss, the
+//!   lease's [lost signal](Lease::lost) fires: the holder is told, not left to find out on its
+//!   next write.
+//!
 //! # What this does not promise
 //!
 //! A lease can always be lost while its holder is paused; only a **fencing token** checked by
 //! the resource (which rejects a token lower than one it has seen) makes that harmless. Backends
-//! declare whether they mint one; `Capabilities::correctness_gap` explains what a backend lacks
-//! for correctness-critical use.
+//! declare whether they mint one; [`Capabilities::correctness_gap`] explains what a backend
+//! lacks for correctness-critical use.
 //!
 //! This crate depends on no driver: drivers live in `leasehold-redis`, `leasehold-postgres`,
 //! `leasehold-etcd` and `leasehold-file`, and the facade `leasehold` re-exports them.
+
+/// Implements `Debug` (the string, quoted) and `Display` (the string) for a string newtype
+/// through its `as_str`: keys and owner values show as what backends store.
+macro_rules! fmt_as_str {
+    ($ty:ty) => {
+        impl std::fmt::Debug for $ty {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                std::fmt::Debug::fmt(self.as_str(), f)
+            }
+        }
+
+        impl std::fmt::Display for $ty {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    };
+}
 
 mod backend;
 mod caps;

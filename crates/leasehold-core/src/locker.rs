@@ -1,6 +1,5 @@
 //! The [`Locker`]: every convenience, implemented once over any backend.
 
-use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -42,20 +41,11 @@ use crate::token::Owner;
 /// held. If the future is dropped while a request is in flight (or a request fails in a way that
 /// leaves its outcome unknown), the `Locker` releases by owner value in the background, so a
 /// grant that reached the server anyway does not linger until its TTL.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct Locker {
     backend: Arc<dyn LockBackend>,
     caps: Capabilities,
     options: Arc<LockOptions>,
-}
-
-impl fmt::Debug for Locker {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Locker")
-            .field("backend", &self.backend)
-            .field("options", &self.options)
-            .finish()
-    }
 }
 
 enum Mode {
@@ -299,12 +289,10 @@ impl Locker {
         let lease = Lease::new(
             key.clone(),
             owner,
-            grant.fencing,
-            grant.state,
+            grant,
             Arc::clone(&self.backend),
             self.caps,
             shared,
-            grant.validity,
             ttl,
         );
         if lease.is_lost() {

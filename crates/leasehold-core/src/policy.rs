@@ -156,27 +156,23 @@ impl Default for LockOptions {
 
 impl LockOptions {
     /// Sets the lease duration.
-    pub fn with_ttl(mut self, ttl: Duration) -> Self {
-        self.ttl = ttl;
-        self
+    pub fn with_ttl(self, ttl: Duration) -> Self {
+        Self { ttl, ..self }
     }
 
     /// Sets the renewal policy.
-    pub fn with_renewal(mut self, renewal: Renewal) -> Self {
-        self.renewal = renewal;
-        self
+    pub fn with_renewal(self, renewal: Renewal) -> Self {
+        Self { renewal, ..self }
     }
 
     /// Sets the retry backoff.
-    pub fn with_backoff(mut self, backoff: Backoff) -> Self {
-        self.backoff = backoff;
-        self
+    pub fn with_backoff(self, backoff: Backoff) -> Self {
+        Self { backoff, ..self }
     }
 
     /// Sets the drift margin.
-    pub fn with_drift(mut self, drift: Drift) -> Self {
-        self.drift = drift;
-        self
+    pub fn with_drift(self, drift: Drift) -> Self {
+        Self { drift, ..self }
     }
 
     /// The watchdog interval, if renewal is on.

@@ -302,15 +302,19 @@ mod tests {
 
     #[test]
     fn userinfo_passwords_are_replaced() {
-        assert_eq!(redact("redis://u:pw@h:1/0"), "redis://u:***@h:1/0");
-        assert_eq!(redact("redis://pw@h:1"), "redis://***@h:1");
-        assert_eq!(redact("redis://:s3cret@h:1"), "redis://:***@h:1");
-        assert_eq!(redact("redis://h:1"), "redis://h:1");
-        assert_eq!(redact("file:///tmp/x"), "file:///tmp/x");
-        assert_eq!(
-            redact("redlock://u:p@ss@a:1,b:2/3 and `postgres://x:y@z/db`"),
-            "redlock://u:***@a:1,b:2/3 and `postgres://x:***@z/db`"
-        );
+        for (text, shown) in [
+            ("redis://u:pw@h:1/0", "redis://u:***@h:1/0"),
+            ("redis://pw@h:1", "redis://***@h:1"),
+            ("redis://:s3cret@h:1", "redis://:***@h:1"),
+            ("redis://h:1", "redis://h:1"),
+            ("file:///tmp/x", "file:///tmp/x"),
+            (
+                "redlock://u:p@ss@a:1,b:2/3 and `postgres://x:y@z/db`",
+                "redlock://u:***@a:1,b:2/3 and `postgres://x:***@z/db`",
+            ),
+        ] {
+            assert_eq!(redact(text), shown, "{text}");
+        }
     }
 
     #[test]

@@ -81,17 +81,7 @@ impl Owner {
 
 const HEX: &[u8; 16] = b"0123456789abcdef";
 
-impl fmt::Debug for Owner {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(&*self.0, f)
-    }
-}
-
-impl fmt::Display for Owner {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
+fmt_as_str!(Owner);
 
 #[cfg(test)]
 mod tests {

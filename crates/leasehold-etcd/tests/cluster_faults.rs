@@ -7,10 +7,9 @@ mod common;
 
 use std::time::Duration;
 
-use leasehold_core::{LockOptions, Locker};
 use leasehold_etcd::LeaseMode;
 use leasehold_test_support::require_service;
-use leasehold_test_support::services::{self, Endpoints, NodeAction, Service, unique_prefix};
+use leasehold_test_support::services::{self, Endpoints, NodeAction, Service};
 use tokio::time::{Instant, sleep, timeout};
 
 const NODES: [&str; 3] = ["etcd-c1", "etcd-c2", "etcd-c3"];
@@ -33,14 +32,6 @@ impl Drop for Restore {
                 eprintln!("could not restart {node}: {e}");
             }
         }
-    }
-}
-
-fn locker(backend: leasehold_etcd::EtcdBackend) -> Locker {
-    match Locker::new(backend).with_options(LockOptions::default().with_ttl(Duration::from_secs(5)))
-    {
-        Ok(l) => l,
-        Err(e) => panic!("locker options: {e}"),
     }
 }
 
@@ -85,9 +76,9 @@ async fn killing_the_leader_keeps_the_lease_and_the_exclusion() {
     let ep = require_service!(Service::EtcdCluster);
     let _serial = CLUSTER.lock().await;
     let _restore = Restore;
-    let prefix = format!("{}/", unique_prefix("leader-kill"));
-    let holder = locker(common::backend(&ep, &prefix, LeaseMode::Session).await);
-    let other = locker(common::backend(&ep, &prefix, LeaseMode::Session).await);
+    let prefix = common::prefix("leader-kill");
+    let holder = common::locker(common::backend(&ep, &prefix, LeaseMode::Session).await);
+    let other = common::locker(common::backend(&ep, &prefix, LeaseMode::Session).await);
     let lease = holder.try_acquire("job").await.unwrap().expect("free lock");
     let leader = leader(&ep).await;
     ctl(leader, NodeAction::Stop).await;
@@ -122,9 +113,9 @@ async fn losing_quorum_fires_lost_and_blocks_until_quorum_returns() {
     let ep = require_service!(Service::EtcdCluster);
     let _serial = CLUSTER.lock().await;
     let _restore = Restore;
-    let prefix = format!("{}/", unique_prefix("quorum"));
-    let holder = locker(common::backend(&ep, &prefix, LeaseMode::Session).await);
-    let other = locker(common::backend(&ep, &prefix, LeaseMode::Session).await);
+    let prefix = common::prefix("quorum");
+    let holder = common::locker(common::backend(&ep, &prefix, LeaseMode::Session).await);
+    let other = common::locker(common::backend(&ep, &prefix, LeaseMode::Session).await);
     let lease = holder.try_acquire("job").await.unwrap().expect("free lock");
     let survivor = leader(&ep).await; // keep the leader up; stop the two followers
     let stopped: Vec<&str> = NODES.into_iter().filter(|n| *n != survivor).collect();

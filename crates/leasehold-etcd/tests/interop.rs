@@ -7,20 +7,12 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use etcd_client::GetOptions;
-use leasehold_core::{ErrorKind, LockOptions, Locker};
+use leasehold_core::ErrorKind;
 use leasehold_etcd::LeaseMode;
 use leasehold_test_support::require_service;
-use leasehold_test_support::services::{Endpoints, Service, unique_prefix};
+use leasehold_test_support::services::{Endpoints, Service};
 use tokio::process::{Child, Command};
 use tokio::time::{Instant, sleep, timeout};
-
-fn locker(backend: leasehold_etcd::EtcdBackend) -> Locker {
-    match Locker::new(backend).with_options(LockOptions::default().with_ttl(Duration::from_secs(5)))
-    {
-        Ok(l) => l,
-        Err(e) => panic!("locker options: {e}"),
-    }
-}
 
 /// Starts `etcdctl lock NAME CMD…` (ETCDCTL_API=3); killed (by its pid) when dropped.
 fn etcdctl_lock(endpoints: &Endpoints, name: &str, cmd: &[&str]) -> Child {
@@ -60,9 +52,9 @@ async fn wait_keys(client: &etcd_client::Client, range: &str, n: usize) -> usize
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcdctl_lock_blocks_our_acquire() {
     let ep = require_service!(Service::Etcd);
-    let prefix = format!("{}/", unique_prefix("etcdctl-holds"));
+    let prefix = common::prefix("etcdctl-holds");
     let client = common::raw(&ep).await;
-    let l = locker(common::backend(&ep, &prefix, LeaseMode::Session).await);
+    let l = common::locker(common::backend(&ep, &prefix, LeaseMode::Session).await);
     let name = format!("{prefix}job");
     // etcdctl holds the lock for 3 s, then unlocks and exits.
     let mut child = etcdctl_lock(&ep, &name, &["sleep", "3"]);
@@ -108,9 +100,9 @@ async fn etcdctl_lock_blocks_our_acquire() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn our_lock_blocks_etcdctl_lock() {
     let ep = require_service!(Service::Etcd);
-    let prefix = format!("{}/", unique_prefix("we-hold"));
+    let prefix = common::prefix("we-hold");
     let client = common::raw(&ep).await;
-    let l = locker(common::backend(&ep, &prefix, LeaseMode::Session).await);
+    let l = common::locker(common::backend(&ep, &prefix, LeaseMode::Session).await);
     let name = format!("{prefix}job");
     let lease = l.try_acquire("job").await.unwrap().expect("free lock");
 
@@ -145,11 +137,11 @@ async fn our_lock_blocks_etcdctl_lock() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn key_layout_matches_the_concurrency_recipe() {
     let ep = require_service!(Service::Etcd);
-    let prefix = format!("{}/", unique_prefix("layout"));
+    let prefix = common::prefix("layout");
     let client = common::raw(&ep).await;
     let backend = common::backend(&ep, &prefix, LeaseMode::Session).await;
     let session = backend.session_lease_id().await.expect("a session lease");
-    let l = locker(backend);
+    let l = common::locker(backend);
     let lease = l.try_acquire("a/b").await.unwrap().unwrap();
     let resp = client
         .kv_client()
@@ -181,9 +173,9 @@ async fn key_layout_matches_the_concurrency_recipe() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lease_revoked_from_outside_fires_lost_and_backend_recovers() {
     let ep = require_service!(Service::Etcd);
-    let prefix = format!("{}/", unique_prefix("revoked"));
+    let prefix = common::prefix("revoked");
     let client = common::raw(&ep).await;
-    let l = locker(common::backend(&ep, &prefix, LeaseMode::Session).await);
+    let l = common::locker(common::backend(&ep, &prefix, LeaseMode::Session).await);
     let a = l.try_acquire("job").await.unwrap().unwrap();
     let b = l.try_acquire("other").await.unwrap().unwrap();
     let id = common::lease_of(&client, &prefix, &a)
@@ -238,10 +230,10 @@ async fn lease_revoked_from_outside_fires_lost_and_backend_recovers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropping_a_waiting_acquire_deletes_its_waiter_key() {
     let ep = require_service!(Service::Etcd);
-    let prefix = format!("{}/", unique_prefix("drop-waiter"));
+    let prefix = common::prefix("drop-waiter");
     let client = common::raw(&ep).await;
-    let holder = locker(common::backend(&ep, &prefix, LeaseMode::Session).await);
-    let waiter = locker(common::backend(&ep, &prefix, LeaseMode::Session).await);
+    let holder = common::locker(common::backend(&ep, &prefix, LeaseMode::Session).await);
+    let waiter = common::locker(common::backend(&ep, &prefix, LeaseMode::Session).await);
     let lease = holder.try_acquire("job").await.unwrap().unwrap();
     let range = format!("{prefix}job/");
     let task = tokio::spawn(async move { waiter.acquire("job", Duration::from_secs(30)).await });
@@ -269,10 +261,10 @@ async fn dropping_a_waiting_acquire_deletes_its_waiter_key() {
 async fn thousand_dropped_acquires_leave_no_key() {
     use rand::Rng;
     let ep = require_service!(Service::Etcd);
-    let prefix = format!("{}/", unique_prefix("drops"));
+    let prefix = common::prefix("drops");
     let client = common::raw(&ep).await;
-    let a = locker(common::backend(&ep, &prefix, LeaseMode::Session).await);
-    let b = locker(common::backend(&ep, &prefix, LeaseMode::PerLock).await);
+    let a = common::locker(common::backend(&ep, &prefix, LeaseMode::Session).await);
+    let b = common::locker(common::backend(&ep, &prefix, LeaseMode::PerLock).await);
     let holder = a.try_acquire("job").await.unwrap().unwrap();
     for i in 0..1_000u32 {
         let l = if i % 2 == 0 { &a } else { &b };

@@ -7,10 +7,10 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use leasehold_core::{Error, ErrorKind, LockOptions, Locker};
+use leasehold_core::{Error, ErrorKind, Locker, Renewal};
 use leasehold_etcd::EtcdBackend;
 use leasehold_test_support::require_service;
-use leasehold_test_support::services::{self, Endpoints, Service, unique_prefix};
+use leasehold_test_support::services::{self, Endpoints, Service};
 use tokio::process::Command;
 use tokio::time::timeout;
 
@@ -83,11 +83,7 @@ async fn connect(url: &str) -> Result<EtcdBackend, Error> {
 }
 
 fn locker(backend: EtcdBackend) -> Locker {
-    match Locker::new(backend).with_options(LockOptions::default().with_ttl(Duration::from_secs(5)))
-    {
-        Ok(l) => l,
-        Err(e) => panic!("locker options: {e}"),
-    }
+    leasehold_test_support::harness::locker(backend, Duration::from_secs(5), Renewal::Auto)
 }
 
 /// `etcdctl get --prefix --keys-only PREFIX` on etcd-secure, over TLS with the CA and the
@@ -134,7 +130,7 @@ fn renderings(e: &Error) -> String {
 async fn tls_with_user_and_password_acquires_and_releases() {
     let endpoints = require_service!(Service::EtcdSecure);
     let s = secure(&endpoints);
-    let prefix = format!("{}/", unique_prefix("tls-e2e"));
+    let prefix = leasehold_test_support::harness::key_prefix("tls-e2e", "/");
     let url = url(&s, &s.password, Some(&s.ca), &prefix);
 
     let a = connect(&url).await.unwrap();

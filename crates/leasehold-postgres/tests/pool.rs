@@ -8,32 +8,19 @@ use std::time::Duration;
 
 use leasehold_core::Locker;
 use leasehold_postgres::PostgresBackend;
+use leasehold_test_support::postgres::sessions_of;
 use leasehold_test_support::require_service;
 use leasehold_test_support::services::{Service, unique_prefix};
-
-/// Sessions of application `app` open on the server.
-async fn server_sessions(
-    admin: &tokio_postgres::Client,
-    app: &str,
-) -> Result<i64, common::BoxError> {
-    let row = admin
-        .query_one(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1",
-            &[&app],
-        )
-        .await?;
-    Ok(row.get(0))
-}
 
 /// Waits (up to 5 s: closing is asynchronous) until `app` has `n` sessions on the server.
 async fn until_server_sessions(
     admin: &tokio_postgres::Client,
     app: &str,
-    n: i64,
+    n: u64,
 ) -> Result<(), common::BoxError> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     loop {
-        let now = server_sessions(admin, app).await?;
+        let now = sessions_of(admin, app).await?;
         if now == n {
             return Ok(());
         }

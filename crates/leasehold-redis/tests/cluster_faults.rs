@@ -11,7 +11,6 @@ use std::panic::AssertUnwindSafe;
 use std::time::Duration;
 
 use futures_util::FutureExt;
-use leasehold_core::{LockOptions, Locker, Renewal};
 use leasehold_test_support::require_service;
 use leasehold_test_support::services::{NodeAction, Service, node_ctl};
 use tokio::time::Instant;
@@ -21,13 +20,7 @@ async fn a_stopped_master_fails_only_its_own_slots() {
     let ep = require_service!(Service::RedisCluster);
     let prefix = common::prefix("cluster_fault");
     let backend = common::redis_cluster(ep.urls(), &prefix).await;
-    let l = Locker::new(backend)
-        .with_options(
-            LockOptions::default()
-                .with_ttl(Duration::from_secs(10))
-                .with_renewal(Renewal::Off),
-        )
-        .unwrap();
+    let l = common::locker(backend);
     let keys: Vec<String> = (0..24).map(|i| format!("k{i}")).collect();
     for k in &keys {
         let lease = l

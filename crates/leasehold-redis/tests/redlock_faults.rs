@@ -12,8 +12,8 @@ use std::panic::AssertUnwindSafe;
 use std::time::Duration;
 
 use futures_util::FutureExt;
-use leasehold_core::{ErrorKind, LockOptions, Locker, Renewal};
-use leasehold_redis::RedlockBackend;
+use leasehold_core::{ErrorKind, Locker, Renewal};
+use leasehold_test_support::harness::locker;
 use leasehold_test_support::proxy::FaultProxy;
 use leasehold_test_support::require_service;
 use leasehold_test_support::services::{NodeAction, Service, node_ctl};
@@ -40,12 +40,6 @@ async fn restoring_nodes<F: Future<Output = ()>>(body: F) {
     if let Err(panic) = outcome {
         std::panic::resume_unwind(panic);
     }
-}
-
-fn locker(backend: RedlockBackend, ttl: Duration, renewal: Renewal) -> Locker {
-    Locker::new(backend)
-        .with_options(LockOptions::default().with_ttl(ttl).with_renewal(renewal))
-        .unwrap_or_else(|e| panic!("options: {e}"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

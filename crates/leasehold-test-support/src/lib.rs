@@ -1,11 +1,17 @@
 //! Dev-only test support for leasehold: where the real services are ([`services`]), a
-//! fault-injecting TCP proxy ([`proxy`]), a fenced resource ([`fence`]) and the
-//! [`conformance`] suite that every backend's tests run.
+//! fault-injecting TCP proxy ([`proxy`]), PostgreSQL administration ([`postgres`]: inspect and
+//! end the sessions holding a lock), a fenced resource ([`fence`]), the set-up driver tests
+//! share ([`harness`]) and the [`conformance`] suite that every backend's tests run.
 //!
 //! Not published; every crate of the workspace uses it as a dev-dependency, so no test helper is
 //! written twice.
 
 pub mod conformance;
 pub mod fence;
+pub mod harness;
+pub mod postgres;
 pub mod proxy;
 pub mod services;
+
+/// The error of test helpers that can fail in several ways.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

@@ -107,6 +107,7 @@ mod error;
 pub mod fence;
 pub mod lock;
 mod meter;
+mod once;
 pub mod respond;
 
 pub use error::{Completed, FenceError, LeaseLostError, LockError};

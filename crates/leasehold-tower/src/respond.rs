@@ -68,37 +68,35 @@ impl Default for StatusMap {
     }
 }
 
-impl StatusMap {
+/// One setter per status of a [`StatusMap`], each with its doc line.
+macro_rules! status_setters {
+    ($($(#[$doc:meta])* $name:ident;)+) => {
+        impl StatusMap {
+            $(
+                $(#[$doc])*
+                pub fn $name(mut self, status: StatusCode) -> Self {
+                    self.$name = status;
+                    self
+                }
+            )+
+        }
+    };
+}
+
+status_setters! {
     /// The status of [`LockError::Contended`] (default 409).
-    pub fn contended(mut self, status: StatusCode) -> Self {
-        self.contended = status;
-        self
-    }
-
+    contended;
     /// The status of [`LockError::Timeout`] (default 409).
-    pub fn timeout(mut self, status: StatusCode) -> Self {
-        self.timeout = status;
-        self
-    }
-
+    timeout;
     /// The status of [`LockError::Unavailable`] (default 503).
-    pub fn unavailable(mut self, status: StatusCode) -> Self {
-        self.unavailable = status;
-        self
-    }
-
+    unavailable;
     /// The status of [`LockError::LeaseLost`] (default 503).
-    pub fn lease_lost(mut self, status: StatusCode) -> Self {
-        self.lease_lost = status;
-        self
-    }
-
+    lease_lost;
     /// The status of [`LockError::Lock`] (default 500).
-    pub fn lock_error(mut self, status: StatusCode) -> Self {
-        self.lock_error = status;
-        self
-    }
+    lock_error;
+}
 
+impl StatusMap {
     /// The status of `err`; `None` for the inner service's own error
     /// ([`LockError::Service`]).
     pub fn status<E, R>(&self, err: &LockError<E, R>) -> Option<StatusCode> {
@@ -203,6 +201,7 @@ impl<S> Layer<S> for ErrorResponseLayer {
 ///
 /// A lock failure from the inner `poll_ready` (which [`Lock`](crate::Lock) never produces) is
 /// answered too: `poll_ready` then reports ready and the next request gets that response.
+#[derive(Debug)]
 pub struct ErrorResponse<S> {
     inner: S,
     map: StatusMap,
@@ -216,15 +215,6 @@ impl<S: Clone> Clone for ErrorResponse<S> {
             map: self.map,
             failed_ready: None,
         }
-    }
-}
-
-impl<S: fmt::Debug> fmt::Debug for ErrorResponse<S> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ErrorResponse")
-            .field("inner", &self.inner)
-            .field("map", &self.map)
-            .finish()
     }
 }
 
@@ -314,7 +304,7 @@ where
             return Poll::Ready(Ok(parts.response()));
         }
         let Some(fut) = this.fut.as_pin_mut() else {
-            panic!("ResponseFuture polled after completion");
+            crate::once::polled_after_completion()
         };
         Poll::Ready(match ready!(fut.poll(cx)) {
             Ok(response) => Ok(response),

@@ -5,13 +5,24 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{Client, GetOptions};
-use leasehold_core::{Lease, LockBackend};
+use leasehold_core::{Lease, LockBackend, Locker, Renewal};
 use leasehold_etcd::{EtcdBackend, EtcdConfig, LeaseMode};
 use leasehold_test_support::conformance::{BoxFuture, ExpireHook, Target};
-use leasehold_test_support::services::{Endpoints, Service, unique_prefix};
+use leasehold_test_support::harness;
+use leasehold_test_support::services::{Endpoints, Service};
 
 /// The session TTL used by the tests (etcd's minimum is about 2 s with default timing).
 pub const SESSION_TTL: Duration = Duration::from_secs(5);
+
+/// A fresh prefix for one test's lock names, so tests never see each other's keys.
+pub fn prefix(test: &str) -> String {
+    harness::key_prefix(test, "/")
+}
+
+/// A locker with a 5 s TTL, renewed, over `backend`.
+pub fn locker(backend: EtcdBackend) -> Locker {
+    harness::locker(backend, Duration::from_secs(5), Renewal::Auto)
+}
 
 /// A backend on `endpoints` with its own connection and session, under `prefix`.
 pub async fn backend(endpoints: &Endpoints, prefix: &str, mode: LeaseMode) -> EtcdBackend {
@@ -67,7 +78,7 @@ pub async fn lease_of(
 /// one fresh prefix; `held` counts keys under it, `expire` revokes the grant's lease.
 pub async fn target(service: Service, mode: LeaseMode, name: &str) -> Option<Target> {
     let endpoints = leasehold_test_support::services::require(service)?;
-    let prefix = format!("{}/", unique_prefix(name));
+    let prefix = prefix(name);
     let primary: Arc<dyn LockBackend> = Arc::new(backend(&endpoints, &prefix, mode).await);
     let other: Arc<dyn LockBackend> = Arc::new(backend(&endpoints, &prefix, mode).await);
     let client = raw(&endpoints).await;

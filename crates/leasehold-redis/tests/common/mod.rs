@@ -8,11 +8,12 @@ use std::time::Duration;
 use leasehold_core::LockBackend;
 use leasehold_redis::{RedisBackend, RedisConfig, RedlockBackend, RedlockConfig};
 use leasehold_test_support::conformance::Target;
-use leasehold_test_support::services::{Endpoints, unique_prefix};
+use leasehold_test_support::harness;
+use leasehold_test_support::services::Endpoints;
 
 /// A fresh key prefix, so tests never see each other's keys.
 pub(crate) fn prefix(test: &str) -> String {
-    format!("{}:", unique_prefix(test))
+    harness::key_prefix(test, ":")
 }
 
 pub(crate) async fn redis(url: &str, prefix: &str) -> RedisBackend {
@@ -26,13 +27,11 @@ pub(crate) async fn redis(url: &str, prefix: &str) -> RedisBackend {
 
 /// A locker with a 10 s TTL and no renewal, for tests that hold locks briefly.
 pub(crate) fn locker(backend: RedisBackend) -> leasehold_core::Locker {
-    leasehold_core::Locker::new(backend)
-        .with_options(
-            leasehold_core::LockOptions::default()
-                .with_ttl(Duration::from_secs(10))
-                .with_renewal(leasehold_core::Renewal::Off),
-        )
-        .unwrap_or_else(|e| panic!("options: {e}"))
+    harness::locker(
+        backend,
+        Duration::from_secs(10),
+        leasehold_core::Renewal::Off,
+    )
 }
 
 /// A single-node backend in fair mode (server-side queue of waiters).

@@ -8,6 +8,7 @@ use tower_service::Service;
 
 use super::Admission;
 use crate::FenceError;
+use crate::once::{take_call, take_err};
 
 pub(super) type Admitting = Pin<Box<dyn Future<Output = Result<Admission, Error>> + Send>>;
 
@@ -80,10 +81,7 @@ impl<S: Service<Req>, Req> Future for ResponseFuture<S, Req> {
         loop {
             match this.state.as_mut().project() {
                 StateProj::Call { fut } => return fut.poll(cx).map_err(FenceError::Service),
-                StateProj::Failed { err } => match err.take() {
-                    Some(e) => return Poll::Ready(Err(e)),
-                    None => panic!("ResponseFuture polled after completion"),
-                },
+                StateProj::Failed { err } => return Poll::Ready(Err(take_err(err))),
                 StateProj::Admit {
                     admitting,
                     svc,
@@ -105,9 +103,7 @@ impl<S: Service<Req>, Req> Future for ResponseFuture<S, Req> {
                         this.state.set(State::Failed { err: None });
                         return Poll::Ready(Err(err));
                     }
-                    let (Some(mut svc), Some(req)) = (svc.take(), req.take()) else {
-                        panic!("ResponseFuture polled after completion");
-                    };
+                    let (mut svc, req) = take_call(svc, req);
                     let fut = svc.call(req);
                     this.state.set(State::Call { fut });
                 }

@@ -4,6 +4,7 @@ use leasehold_core::Locker;
 use tower_layer::Layer;
 
 use super::hold::{UntilBodyEnd, UntilResponse};
+use super::settings::Settings;
 use super::{Lock, Mode, OnLost};
 
 /// Wraps a service in [`Lock`]: each request whose key the extractor picks runs under a lease
@@ -13,24 +14,14 @@ use super::{Lock, Mode, OnLost};
 /// until the response is ready ([`UntilResponse`]; see [`hold_body`](Self::hold_body)).
 #[derive(Debug, Clone)]
 pub struct LockLayer<K, H = UntilResponse> {
-    locker: Locker,
-    extractor: K,
-    mode: Mode,
-    on_lost: OnLost,
-    hold: H,
-    route: Option<Arc<str>>,
+    settings: Settings<K, H>,
 }
 
 impl<K> LockLayer<K> {
     /// A layer taking leases from `locker`, on the keys `extractor` picks.
     pub fn new(locker: Locker, extractor: K) -> Self {
         Self {
-            locker,
-            extractor,
-            mode: Mode::Try,
-            on_lost: OnLost::default(),
-            hold: UntilResponse,
-            route: None,
+            settings: Settings::new(locker, extractor, Mode::Try, OnLost::default()),
         }
     }
 }
@@ -38,25 +29,25 @@ impl<K> LockLayer<K> {
 impl<K, H> LockLayer<K, H> {
     /// One attempt per request; contention fails the request.
     pub fn try_lock(mut self) -> Self {
-        self.mode = Mode::Try;
+        self.settings.mode = Mode::Try;
         self
     }
 
     /// Wait at most `budget` per request for the lock.
     pub fn wait(mut self, budget: std::time::Duration) -> Self {
-        self.mode = Mode::Wait(budget);
+        self.settings.mode = Mode::Wait(budget);
         self
     }
 
     /// Sets the acquisition mode.
     pub fn mode(mut self, mode: Mode) -> Self {
-        self.mode = mode;
+        self.settings.mode = mode;
         self
     }
 
     /// Sets what happens when the lease is lost mid-request.
     pub fn on_lost(mut self, on_lost: OnLost) -> Self {
-        self.on_lost = on_lost;
+        self.settings.on_lost = on_lost;
         self
     }
 
@@ -64,7 +55,7 @@ impl<K, H> LockLayer<K, H> {
     /// `leasehold_requests_total`, with the `metrics` feature). A
     /// [`KeyExtractor::route`](super::KeyExtractor::route) that derives one per request wins.
     pub fn route(mut self, route: impl Into<Arc<str>>) -> Self {
-        self.route = Some(route.into());
+        self.settings.route = Some(route.into());
         self
     }
 
@@ -78,12 +69,7 @@ impl<K, H> LockLayer<K, H> {
     /// Sets what is done with the lease when the response is ready (see [`Hold`](super::Hold)).
     pub fn hold<H2>(self, hold: H2) -> LockLayer<K, H2> {
         LockLayer {
-            locker: self.locker,
-            extractor: self.extractor,
-            mode: self.mode,
-            on_lost: self.on_lost,
-            hold,
-            route: self.route,
+            settings: self.settings.with_hold(hold),
         }
     }
 }
@@ -92,14 +78,6 @@ impl<S, K: Clone, H: Clone> Layer<S> for LockLayer<K, H> {
     type Service = Lock<S, K, H>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        Lock::new(
-            inner,
-            self.locker.clone(),
-            self.extractor.clone(),
-            self.mode,
-            self.on_lost,
-        )
-        .with_hold(self.hold.clone())
-        .with_route(self.route.clone())
+        Lock::with_settings(inner, self.settings.clone())
     }
 }

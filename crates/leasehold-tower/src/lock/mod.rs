@@ -4,6 +4,7 @@ mod future;
 mod hold;
 mod layer;
 mod service;
+mod settings;
 
 use std::time::Duration;
 

@@ -6,6 +6,7 @@ use tower_service::Service;
 
 use super::future::{Acquiring, ResponseFuture};
 use super::hold::{Hold, UntilResponse};
+use super::settings::Settings;
 use super::{InsertLease, KeyExtractor, Mode, OnLost};
 use crate::LockError;
 use crate::meter::Meter;
@@ -19,46 +20,29 @@ use crate::meter::Meter;
 #[derive(Debug, Clone)]
 pub struct Lock<S, K, H = UntilResponse> {
     inner: S,
-    locker: Locker,
-    extractor: K,
-    mode: Mode,
-    on_lost: OnLost,
-    hold: H,
-    route: Option<std::sync::Arc<str>>,
+    settings: Settings<K, H>,
 }
 
 impl<S, K> Lock<S, K> {
     /// Wraps `inner`, holding each lease until the response is ready.
     pub fn new(inner: S, locker: Locker, extractor: K, mode: Mode, on_lost: OnLost) -> Self {
-        Self {
-            inner,
-            locker,
-            extractor,
-            mode,
-            on_lost,
-            hold: UntilResponse,
-            route: None,
-        }
+        Self::with_settings(inner, Settings::new(locker, extractor, mode, on_lost))
     }
 }
 
 impl<S, K, H> Lock<S, K, H> {
+    pub(super) fn with_settings(inner: S, settings: Settings<K, H>) -> Self {
+        Self { inner, settings }
+    }
+
     /// The same service with another [`Hold`] policy.
     pub fn with_hold<H2>(self, hold: H2) -> Lock<S, K, H2> {
-        Lock {
-            inner: self.inner,
-            locker: self.locker,
-            extractor: self.extractor,
-            mode: self.mode,
-            on_lost: self.on_lost,
-            hold,
-            route: self.route,
-        }
+        Lock::with_settings(self.inner, self.settings.with_hold(hold))
     }
 
     /// The same service with this `route` label on its metrics (the `metrics` feature).
     pub fn with_route(mut self, route: Option<std::sync::Arc<str>>) -> Self {
-        self.route = route;
+        self.settings.route = route;
         self
     }
 
@@ -85,9 +69,9 @@ impl<S, K, H> Lock<S, K, H> {
     {
         #[cfg(feature = "metrics")]
         {
-            let route = match self.extractor.route(req) {
+            let route = match self.settings.extractor.route(req) {
                 Some(r) => Some(metrics::SharedString::from(r)),
-                None => self.route.clone().map(metrics::SharedString::from),
+                None => self.settings.route.clone().map(metrics::SharedString::from),
             };
             Meter::new(route)
         }
@@ -113,27 +97,36 @@ where
 
     fn call(&mut self, req: Req) -> Self::Future {
         let meter = self.meter(&req);
-        let hold = self.hold.clone();
-        let Some(key) = self.extractor.extract(&req) else {
+        let hold = self.settings.hold.clone();
+        let Some(key) = self.settings.extractor.extract(&req) else {
             return ResponseFuture::pass(self.inner.call(req), hold, meter);
         };
         let key = match LockKey::new(key) {
             Ok(k) => k,
             Err(e) => {
-                let err = LockError::Lock(Error::invalid_key(self.locker.backend().name(), e));
+                let err =
+                    LockError::Lock(Error::invalid_key(self.settings.locker.backend().name(), e));
                 return ResponseFuture::failed(err, hold, meter);
             }
         };
         let clone = self.inner.clone();
         let ready = mem::replace(&mut self.inner, clone);
-        let locker = self.locker.clone();
+        let locker = self.settings.locker.clone();
         let k = key.clone();
-        let acquiring: Acquiring = match self.mode {
+        let acquiring: Acquiring = match self.settings.mode {
             Mode::Try => Box::pin(async move { locker.try_acquire(k).await }),
             Mode::Wait(budget) => {
                 Box::pin(async move { locker.acquire(k, budget).await.map(Some) })
             }
         };
-        ResponseFuture::acquire(acquiring, ready, req, key, self.on_lost, hold, meter)
+        ResponseFuture::acquire(
+            acquiring,
+            ready,
+            req,
+            key,
+            self.settings.on_lost,
+            hold,
+            meter,
+        )
     }
 }
