@@ -129,7 +129,8 @@ impl EtcdConfig {
     /// Options: `prefix` (the key prefix, may be empty), `lease` (`session` or `per-lock`),
     /// `session_ttl` (seconds), `timeout_ms` (request timeout), `connect_timeout_ms`. With the
     /// `tls` feature, `etcds://` turns TLS on and takes `ca` (path of a PEM CA file,
-    /// required) and `domain`. User and password may be percent-encoded. Errors never repeat
+    /// required), `domain`, and `cert` + `key` (paths of the client certificate and key, PEM)
+    /// for servers that authenticate clients. User and password may be percent-encoded. Errors never repeat
     /// the password.
     pub fn from_url(url: &str) -> Result<Self, Error> {
         let (scheme, rest) = url
@@ -194,6 +195,8 @@ impl EtcdConfig {
         }
         #[cfg(feature = "tls")]
         let mut tls_cfg = TlsConfig::default();
+        #[cfg(feature = "tls")]
+        let mut identity: (Option<String>, Option<String>) = (None, None);
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
             let v = percent_decode(v).ok_or_else(|| invalid(format!("bad %-escape in {k}")))?;
@@ -214,19 +217,30 @@ impl EtcdConfig {
                 "timeout_ms" => cfg.request_timeout = Duration::from_millis(number(k, &v)?),
                 "connect_timeout_ms" => cfg.connect_timeout = Duration::from_millis(number(k, &v)?),
                 #[cfg(feature = "tls")]
-                "ca" if tls => {
-                    let pem = std::fs::read(&v)
-                        .map_err(|e| invalid(format!("cannot read the CA file {v:?}: {e}")))?;
-                    tls_cfg.ca_pem = Some(pem);
-                }
+                "ca" if tls => tls_cfg.ca_pem = Some(read_pem("ca", &v)?),
                 #[cfg(feature = "tls")]
                 "domain" if tls => tls_cfg.domain = Some(v),
+                #[cfg(feature = "tls")]
+                "cert" if tls => identity.0 = Some(v),
+                #[cfg(feature = "tls")]
+                "key" if tls => identity.1 = Some(v),
                 other => return Err(invalid(format!("unknown option {other:?} in the etcd URL"))),
             }
         }
         if tls {
             #[cfg(feature = "tls")]
             {
+                tls_cfg.identity = match identity {
+                    (None, None) => None,
+                    (Some(cert), Some(key)) => {
+                        Some((read_pem("cert", &cert)?, read_pem("key", &key)?))
+                    }
+                    _ => {
+                        return Err(invalid(
+                            "`cert` and `key` (the client identity) go together",
+                        ));
+                    }
+                };
                 cfg.tls = Some(tls_cfg);
             }
             #[cfg(not(feature = "tls"))]
@@ -340,6 +354,12 @@ fn percent_decode(s: &str) -> Option<String> {
         .map(Into::into)
 }
 
+/// Reads the PEM file an `etcds://` option (`ca`, `cert`, `key`) names.
+#[cfg(feature = "tls")]
+fn read_pem(option: &str, path: &str) -> Result<Vec<u8>, Error> {
+    std::fs::read(path).map_err(|e| invalid(format!("`{option}`: cannot read {path:?}: {e}")))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -419,5 +439,34 @@ mod tests {
             ..TlsConfig::default()
         };
         EtcdConfig::new(["h:1"]).with_tls(tls).validate().unwrap();
+    }
+
+    #[cfg(feature = "tls")]
+    #[test]
+    fn the_client_identity_is_a_url_option() {
+        let dir = std::env::temp_dir().join(format!("leasehold-etcd-id-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let pem = b"-----BEGIN CERTIFICATE-----\nMII=\n-----END CERTIFICATE-----\n";
+        for f in ["ca.pem", "cert.pem", "key.pem"] {
+            std::fs::write(dir.join(f), pem).unwrap();
+        }
+        let d = dir.display();
+        let cfg = EtcdConfig::from_url(&format!(
+            "etcds://h:1?ca={d}/ca.pem&cert={d}/cert.pem&key={d}/key.pem"
+        ))
+        .unwrap();
+        let identity = cfg.tls.as_ref().and_then(|t| t.identity.as_ref());
+        assert_eq!(
+            identity.map(|(c, k)| (c.len(), k.len())),
+            Some((pem.len(), pem.len()))
+        );
+        let half = EtcdConfig::from_url(&format!("etcds://h:1?ca={d}/ca.pem&cert={d}/cert.pem"))
+            .unwrap_err();
+        assert!(half.to_string().contains("go together"), "{half}");
+        let missing =
+            EtcdConfig::from_url(&format!("etcds://h:1?ca={d}/ca.pem&cert={d}/no&key={d}/no"))
+                .unwrap_err();
+        assert_eq!(missing.kind(), ErrorKind::InvalidConfig);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -7,6 +7,10 @@ use leasehold_core::{Backoff, Drift, Error, ErrorKind, redact};
 use redis::{ConnectionInfo, IntoConnectionInfo, ProtocolVersion};
 
 use crate::keys::{DEFAULT_PREFIX, check_prefix};
+use crate::options::{
+    CA, CONNECT_TIMEOUT_MS, FAIR_QUEUE_MS, MIN_VALIDITY_MS, NODE_TIMEOUT_MS, PREFIX, REDIS_OPTIONS,
+    REDLOCK_OPTIONS, RESPONSE_TIMEOUT_MS, UrlOptions, WAIT_INITIAL_MS, WAIT_MAX_MS,
+};
 
 /// Every URL scheme of this driver: [`RedisBackend`](crate::RedisBackend) on one server
 /// (`redis`, `rediss` for TLS, `redis+unix`, `unix`) or on a Redis Cluster given its seed nodes
@@ -29,10 +33,6 @@ pub(crate) const REDIS: &str = "redis";
 
 /// The name of [`RedlockBackend`](crate::RedlockBackend), as errors and leases report it.
 pub(crate) const REDLOCK: &str = "redlock";
-
-/// The URL option that turns [fair mode](RedisConfig::with_fair_queue) on, with the grace
-/// period in milliseconds: `redis://host:6379?fair_queue_ms=1000`.
-const FAIR_QUEUE_MS: &str = "fair_queue_ms";
 
 /// Makes rustls use the *ring* provider unless the process already chose one.
 pub(crate) fn install_crypto_provider() {
@@ -182,29 +182,6 @@ fn split_hosts(backend: &'static str, url: &str, scheme: &str) -> Result<Vec<Str
     Ok(urls)
 }
 
-/// Takes `name=value` out of the URL's query: the URL without it, and the value if given.
-fn take_option(url: &str, name: &str) -> (String, Option<String>) {
-    let Some((base, query)) = url.split_once('?') else {
-        return (url.to_owned(), None);
-    };
-    let mut value = None;
-    let kept: Vec<&str> = query
-        .split('&')
-        .filter(|pair| match pair.split_once('=') {
-            Some((k, v)) if k == name => {
-                value = Some(v.to_owned());
-                false
-            }
-            _ => true,
-        })
-        .collect();
-    if kept.is_empty() {
-        (base.to_owned(), value)
-    } else {
-        (format!("{base}?{}", kept.join("&")), value)
-    }
-}
-
 /// Configuration of [`RedisBackend`](crate::RedisBackend).
 #[derive(Clone)]
 pub struct RedisConfig {
@@ -237,10 +214,17 @@ impl RedisConfig {
     /// nodes, with the default prefix `leasehold:`, a 1 s connect timeout and a 1 s response
     /// timeout.
     ///
-    /// The option `fair_queue_ms=GRACE` (milliseconds, at least 100) turns on
-    /// [fair mode](Self::with_fair_queue); the other query options are redis-rs's.
+    /// leasehold's own query options (the other query options are redis-rs's):
+    ///
+    /// | option | sets |
+    /// |---|---|
+    /// | `prefix=P` | [`with_prefix`](Self::with_prefix) (a configured key prefix wins) |
+    /// | `ca=PATH` | [`with_tls_ca_file`](Self::with_tls_ca_file) (PEM; `rediss://`) |
+    /// | `fair_queue_ms=GRACE` | [fair mode](Self::with_fair_queue), grace in ms (at least 100) |
+    /// | `connect_timeout_ms=N`, `response_timeout_ms=N` | [`with_timeouts`](Self::with_timeouts) |
+    /// | `wait_initial_ms=N`, `wait_max_ms=N` | [`with_wait_backoff`](Self::with_wait_backoff) |
     pub fn from_url(url: &str) -> Result<Self, Error> {
-        let (url, fair) = take_option(url, FAIR_QUEUE_MS);
+        let (url, options) = UrlOptions::take(REDIS, url, REDIS_OPTIONS)?;
         let url = url.as_str();
         let deployment = if url.starts_with("redis-cluster://") {
             let seeds = split_hosts(REDIS, url, "redis-cluster://")?
@@ -251,19 +235,34 @@ impl RedisConfig {
         } else {
             Deployment::Server(Box::new(Server::parse(REDIS, url)?))
         };
-        let config = Self::with_deployment(deployment);
-        match fair {
-            None => Ok(config),
-            Some(ms) => {
-                let ms: u64 = ms.parse().map_err(|_| {
-                    invalid(
-                        REDIS,
-                        format!("{FAIR_QUEUE_MS}={ms:?} is not a whole number of milliseconds"),
-                    )
-                })?;
-                config.with_fair_queue(Duration::from_millis(ms))
-            }
+        Self::with_deployment(deployment).with_url_options(&options)
+    }
+
+    fn with_url_options(mut self, o: &UrlOptions) -> Result<Self, Error> {
+        if let Some(prefix) = o.get(PREFIX) {
+            self = self.with_prefix(prefix)?;
         }
+        if let Some(path) = o.get(CA) {
+            self = self.with_tls_ca_file(path)?;
+        }
+        if let Some(grace) = o.millis(FAIR_QUEUE_MS)? {
+            self = self.with_fair_queue(grace)?;
+        }
+        let connect = o
+            .millis(CONNECT_TIMEOUT_MS)?
+            .unwrap_or(self.connect_timeout);
+        let response = o
+            .millis(RESPONSE_TIMEOUT_MS)?
+            .unwrap_or(self.response_timeout);
+        let backoff = Backoff {
+            initial: o
+                .millis(WAIT_INITIAL_MS)?
+                .unwrap_or(self.wait_backoff.initial),
+            max: o.millis(WAIT_MAX_MS)?.unwrap_or(self.wait_backoff.max),
+        };
+        Ok(self
+            .with_timeouts(connect, response)
+            .with_wait_backoff(backoff))
     }
 
     /// A Redis Cluster, from the `redis://` URLs of some of its nodes (seeds).
@@ -419,9 +418,34 @@ impl RedlockConfig {
     }
 
     /// From `redlock://[user:password@]host:port,host:port,…[/db]`: the same credentials and
-    /// database on every node.
+    /// database on every node. leasehold's own query options:
+    ///
+    /// | option | sets |
+    /// |---|---|
+    /// | `prefix=P` | [`with_prefix`](Self::with_prefix) (a configured key prefix wins) |
+    /// | `ca=PATH` | [`with_tls_ca_file`](Self::with_tls_ca_file) (PEM; `rediss://` nodes) |
+    /// | `node_timeout_ms=N` | [`with_node_timeout`](Self::with_node_timeout) |
+    /// | `connect_timeout_ms=N` | [`with_connect_timeout`](Self::with_connect_timeout) |
+    /// | `min_validity_ms=N` | [`with_min_validity`](Self::with_min_validity) |
     pub fn from_url(url: &str) -> Result<Self, Error> {
-        Self::from_urls(split_hosts(REDLOCK, url, "redlock://")?)
+        let (url, o) = UrlOptions::take(REDLOCK, url, REDLOCK_OPTIONS)?;
+        let mut config = Self::from_urls(split_hosts(REDLOCK, &url, "redlock://")?)?;
+        if let Some(prefix) = o.get(PREFIX) {
+            config = config.with_prefix(prefix)?;
+        }
+        if let Some(path) = o.get(CA) {
+            config = config.with_tls_ca_file(path)?;
+        }
+        if let Some(t) = o.millis(NODE_TIMEOUT_MS)? {
+            config = config.with_node_timeout(t);
+        }
+        if let Some(t) = o.millis(CONNECT_TIMEOUT_MS)? {
+            config = config.with_connect_timeout(t);
+        }
+        if let Some(t) = o.millis(MIN_VALIDITY_MS)? {
+            config = config.with_min_validity(t);
+        }
+        Ok(config)
     }
 
     /// From a configuration's list of nodes: each a `redis://` URL (see
@@ -533,6 +557,52 @@ mod tests {
         for bad in ["fair_queue_ms=50", "fair_queue_ms=soon", "fair_queue_ms="] {
             let e = RedisConfig::from_url(&format!("redis://127.0.0.1:1?{bad}"))
                 .err()
+                .map(|e| e.kind());
+            assert_eq!(e, Some(ErrorKind::InvalidConfig), "{bad}");
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn every_option_is_a_url_option() -> Result<(), Error> {
+        let ca =
+            std::env::temp_dir().join(format!("leasehold-redis-ca-{}.pem", std::process::id()));
+        std::fs::write(&ca, b"-----BEGIN CERTIFICATE-----\n")
+            .map_err(|e| invalid(REDIS, e.to_string()))?;
+        let url = format!(
+            "rediss://127.0.0.1:1/3?prefix=app%3A&ca={}&connect_timeout_ms=7&protocol=resp3\
+             &response_timeout_ms=8&wait_initial_ms=9&wait_max_ms=900",
+            ca.display()
+        );
+        let c = RedisConfig::from_url(&url)?;
+        assert_eq!(c.prefix, "app:");
+        assert!(c.tls_ca.is_some());
+        assert_eq!(c.connect_timeout, Duration::from_millis(7));
+        assert_eq!(c.response_timeout, Duration::from_millis(8));
+        assert_eq!(c.wait_backoff.initial, Duration::from_millis(9));
+        assert_eq!(c.wait_backoff.max, Duration::from_millis(900));
+        // What is not ours stays for redis-rs.
+        assert_eq!(c.redacted_url(), "rediss://127.0.0.1:1/3?protocol=resp3");
+        let r = RedlockConfig::from_url(&format!(
+            "redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3/1?prefix=p:&ca={}&node_timeout_ms=20\
+             &connect_timeout_ms=30&min_validity_ms=40",
+            ca.display()
+        ))?;
+        let _ = std::fs::remove_file(&ca);
+        assert_eq!(r.prefix, "p:");
+        assert!(r.tls_ca.is_some());
+        assert_eq!(r.node_timeout, Some(Duration::from_millis(20)));
+        assert_eq!(r.connect_timeout, Duration::from_millis(30));
+        assert_eq!(r.min_validity, Duration::from_millis(40));
+        for bad in [
+            "redis://127.0.0.1:1?connect_timeout_ms=soon",
+            "redis://127.0.0.1:1?prefix=a{b",
+            "redis://127.0.0.1:1?ca=/nonexistent/ca.pem",
+            "redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3?node_timeout_ms=-1",
+        ] {
+            let e = RedisConfig::from_url(bad)
+                .err()
+                .or_else(|| RedlockConfig::from_url(bad).err())
                 .map(|e| e.kind());
             assert_eq!(e, Some(ErrorKind::InvalidConfig), "{bad}");
         }

@@ -26,11 +26,19 @@
 //!
 //! | URL option | what | default |
 //! |---|---|---|
+//! | `prefix=P` | key prefix (a `LockConfig` `key_prefix` wins) | `leasehold:` |
+//! | `ca=PATH` | trust this PEM CA file for `rediss://` | the system's roots |
 //! | `fair_queue_ms=GRACE` | [fair mode](#fair-mode) with this grace period (ms, at least 100); not for `redlock://` | off |
+//! | `connect_timeout_ms=N`, `response_timeout_ms=N` | connect and response timeouts; not for `redlock://` | 1000, 1000 |
+//! | `wait_initial_ms=N`, `wait_max_ms=N` | waiters' fallback backoff (they are woken by the release message first); not for `redlock://` | 50, 1000 |
+//! | `node_timeout_ms=N` | `redlock://` only: bound on each request to one node | `ttl / 200`, within 5–50 |
+//! | `connect_timeout_ms=N` | `redlock://`: each node's connect timeout | 1000 |
+//! | `min_validity_ms=N` | `redlock://` only: validity an acquisition must have left | 1 |
 //! | redis-rs's own (`protocol`, `db`, …) | passed to redis-rs | |
 //!
-//! The same options are [`RedisConfig`] and [`RedlockConfig`] methods. Passwords never appear
-//! in `Debug` output or errors.
+//! Every option is also a [`RedisConfig`] or [`RedlockConfig`] method, so a URL — and with it
+//! `LockConfig` and the CLI — reaches everything code can set. Passwords never appear in
+//! `Debug` output or errors.
 //!
 //! The crate's surface is that of every leasehold driver: the backends, their configurations,
 //! [`SCHEMES`], [`DEFAULT_PREFIX`] and [`DRIVER`], the entry the `leasehold` facade's registry
@@ -119,6 +127,7 @@
 mod config;
 mod keys;
 mod node;
+mod options;
 mod redlock;
 mod scripts;
 mod single;
