@@ -28,7 +28,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let config = load_config(path.as_deref())?;
     let locker = config.build().await?;
     // The Debug form of a LockConfig hides passwords.
-    println!("backend: {}, {config:?}", locker.backend().name());
+    println!(
+        "backend: {}, {config:?}",
+        locker.backend().capabilities().name
+    );
 
     // The Prometheus recorder, without its own HTTP listener: the service renders it.
     let handle = PrometheusBuilder::new().install_recorder()?;

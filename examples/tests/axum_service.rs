@@ -44,7 +44,7 @@ async fn increments_run_under_the_lock_and_metrics_are_rendered() {
 
     let config = load_config(None).unwrap();
     let locker = config.build().await.unwrap();
-    assert_eq!(locker.backend().name(), "memory");
+    assert_eq!(locker.backend().capabilities().name, "memory");
     let store = Store::new();
     let app = router(
         locker.clone(),
@@ -149,7 +149,7 @@ async fn the_backend_is_switched_by_configuration_alone() {
     .unwrap();
     let config: LockConfig = load_config(Some(&file)).unwrap();
     let locker = config.build().await.unwrap();
-    assert_eq!(locker.backend().name(), "postgres");
+    assert_eq!(locker.backend().capabilities().name, "postgres");
     let store = Store::new();
     let app = router(locker, config.wait_budget(), store.clone(), None);
     let (status, first) = call(&app, "POST", "/counters/d/increment").await;

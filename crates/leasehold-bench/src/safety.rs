@@ -1032,7 +1032,7 @@ mod tests {
             overlaps,
             stale_plain: overlaps,
             stale_fenced,
-            caps: Some(Capabilities::new(SafetyClass::Correctness, fencing)),
+            caps: Some(Capabilities::new("test", SafetyClass::Correctness, fencing)),
             ..Cell::default()
         };
         let mut cells = BTreeMap::new();

@@ -35,7 +35,7 @@ pub(crate) async fn status(args: StatusArgs) -> u8 {
         Ok(h) => h,
         Err(e) => return failure(&e),
     };
-    let backend = locker.backend().name();
+    let backend = locker.backend().capabilities().name;
     let caps = locker.capabilities();
     let safety = safety_name(caps.safety);
     let fencing = fencing_name(caps.fencing);

@@ -28,10 +28,8 @@ use crate::validity::Validity;
 /// by closing a session whose fate is unknown).
 #[async_trait]
 pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
-    /// A short, stable name: `"memory"`, `"redis"`, `"redlock"`, `"postgres"`, `"etcd"`.
-    fn name(&self) -> &'static str;
-
-    /// What this backend guarantees and supports. Must not change over the backend's life.
+    /// What this backend is (its [name](Capabilities::name)), guarantees and supports. Must
+    /// not change over the backend's life.
     fn capabilities(&self) -> Capabilities;
 
     /// One attempt to take `req.key` for `req.owner`: `Ok(None)` when someone else holds it,
@@ -56,6 +54,16 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
     /// What the backend can tell about the current holder of `key`, if anyone holds it.
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error>;
 }
+
+/// What every [`LockBackend`] offers on top of the trait, implemented once for all of them.
+pub trait LockBackendExt: LockBackend {
+    /// The backend's short, stable name: its [`Capabilities::name`].
+    fn name(&self) -> &'static str {
+        self.capabilities().name
+    }
+}
+
+impl<B: LockBackend + ?Sized> LockBackendExt for B {}
 
 /// One acquisition attempt, as the [`Locker`](crate::Locker) hands it to a backend.
 #[derive(Debug, Clone, Copy)]

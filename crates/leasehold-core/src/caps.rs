@@ -96,6 +96,9 @@ pub const DEFAULT_MAX_TTL: Duration = Duration::from_secs(24 * 60 * 60);
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Capabilities {
+    /// The backend's short, stable name: `"memory"`, `"file"`, `"redis"`, `"redlock"`,
+    /// `"postgres"`, `"etcd"` (errors, leases, logs and metrics carry it).
+    pub name: &'static str,
     /// How far mutual exclusion can be trusted.
     pub safety: SafetyClass,
     /// What fencing tokens the backend mints.
@@ -111,10 +114,11 @@ pub struct Capabilities {
 }
 
 impl Capabilities {
-    /// Capabilities with the given safety and fencing, polling for waits, TTL renewal by
-    /// `extend`, and TTLs from 1 ms to [`DEFAULT_MAX_TTL`].
-    pub const fn new(safety: SafetyClass, fencing: FencingKind) -> Self {
+    /// Capabilities of the backend `name` with the given safety and fencing, polling for
+    /// waits, TTL renewal by `extend`, and TTLs from 1 ms to [`DEFAULT_MAX_TTL`].
+    pub const fn new(name: &'static str, safety: SafetyClass, fencing: FencingKind) -> Self {
         Self {
+            name,
             safety,
             fencing,
             wait: WaitKind::Poll,
@@ -122,6 +126,12 @@ impl Capabilities {
             min_ttl: Duration::from_millis(1),
             max_ttl: DEFAULT_MAX_TTL,
         }
+    }
+
+    /// Sets the name (a wrapper that reports under a name of its own).
+    pub const fn with_name(mut self, name: &'static str) -> Self {
+        self.name = name;
+        self
     }
 
     /// Sets how the backend waits.
@@ -179,13 +189,13 @@ mod tests {
 
     #[test]
     fn correctness_gap_names_each_missing_property() {
-        let ok = Capabilities::new(SafetyClass::Correctness, FencingKind::Monotonic);
+        let ok = Capabilities::new("test", SafetyClass::Correctness, FencingKind::Monotonic);
         assert_eq!(ok.correctness_gap(), None);
-        let redlock = Capabilities::new(SafetyClass::Efficiency, FencingKind::None);
+        let redlock = Capabilities::new("test", SafetyClass::Efficiency, FencingKind::None);
         let gap = redlock.correctness_gap().unwrap_or_default();
         assert!(gap.contains("no fencing token"), "{gap}");
         assert!(gap.contains("clock drift"), "{gap}");
-        let redis = Capabilities::new(SafetyClass::Efficiency, FencingKind::BestEffort);
+        let redis = Capabilities::new("test", SafetyClass::Efficiency, FencingKind::BestEffort);
         assert!(
             redis
                 .correctness_gap()

@@ -128,6 +128,17 @@ impl Error {
         e
     }
 
+    /// What [`LockBackend::wait_lock`](crate::LockBackend::wait_lock) answers on a backend that
+    /// waits by polling ([`WaitKind::Poll`](crate::WaitKind::Poll)): [`ErrorKind::Unsupported`],
+    /// saying `why`; the [`Locker`](crate::Locker) retries with backoff instead.
+    pub fn no_native_wait(backend: &'static str, why: &str) -> Self {
+        Self::new(
+            ErrorKind::Unsupported,
+            backend,
+            format!("{why}; the Locker retries with jittered backoff"),
+        )
+    }
+
     /// An [`ErrorKind::LeaseLost`] error for `key`, carrying the reason.
     pub fn lease_lost(
         backend: impl Into<Cow<'static, str>>,

@@ -9,6 +9,7 @@ use std::time::Duration;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
+use crate::backend::LockBackendExt as _;
 use crate::backend::{ExtendRequest, Grant, GrantState, Held, LockBackend};
 use crate::caps::Capabilities;
 use crate::detach::spawn_detached;

@@ -7,6 +7,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::Instrument;
 
+use crate::backend::LockBackendExt as _;
 use crate::backend::{Held, HolderInfo, LockBackend, LockRequest};
 use crate::caps::{Capabilities, RenewalKind, WaitKind};
 use crate::detach::spawn_detached;

@@ -136,12 +136,9 @@ impl Drop for WaiterGuard<'_> {
 
 #[async_trait]
 impl LockBackend for MemoryBackend {
-    fn name(&self) -> &'static str {
-        NAME
-    }
-
     fn capabilities(&self) -> Capabilities {
-        Capabilities::new(SafetyClass::Process, FencingKind::Monotonic).with_wait(WaitKind::Native)
+        Capabilities::new(NAME, SafetyClass::Process, FencingKind::Monotonic)
+            .with_wait(WaitKind::Native)
     }
 
     async fn try_lock(&self, req: LockRequest<'_>) -> Result<Option<Grant>, Error> {
@@ -313,11 +310,8 @@ mod tests {
         }
         #[async_trait]
         impl LockBackend for Watching {
-            fn name(&self) -> &'static str {
-                "watching"
-            }
             fn capabilities(&self) -> Capabilities {
-                self.inner.capabilities()
+                self.inner.capabilities().with_name("watching")
             }
             async fn try_lock(&self, req: LockRequest<'_>) -> Result<Option<Grant>, Error> {
                 if let Ok(mut m) = self.monitors.lock() {

@@ -268,7 +268,7 @@ mod tests {
 
     #[test]
     fn bad_options_are_typed_errors() {
-        let caps = Capabilities::new(SafetyClass::Process, FencingKind::Monotonic);
+        let caps = Capabilities::new("test", SafetyClass::Process, FencingKind::Monotonic);
         for opts in [
             LockOptions::default().with_ttl(Duration::ZERO),
             LockOptions::default().with_ttl(Duration::from_millis(2)),

@@ -22,11 +22,8 @@ const DELAY: Duration = Duration::from_millis(300);
 
 #[async_trait]
 impl LockBackend for SlowRelease {
-    fn name(&self) -> &'static str {
-        "slow-release"
-    }
     fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
+        self.inner.capabilities().with_name("slow-release")
     }
     async fn try_lock(&self, req: LockRequest<'_>) -> Result<Option<Grant>, Error> {
         self.inner.try_lock(req).await

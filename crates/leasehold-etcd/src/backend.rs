@@ -20,6 +20,14 @@ use crate::config::{EtcdConfig, LeaseMode};
 use crate::error::with_timeout;
 use crate::job::{EtcdGrant, Job, Mode};
 
+/// What etcd guarantees and supports: a constant, as
+/// [`LockBackend::capabilities`] requires.
+const CAPABILITIES: Capabilities =
+    Capabilities::new(NAME, SafetyClass::Correctness, FencingKind::Monotonic)
+        .with_wait(WaitKind::Native)
+        .with_renewal(RenewalKind::Session)
+        .with_ttl_range(Duration::from_secs(1), DEFAULT_MAX_TTL);
+
 /// Locks on etcd: consensus-backed, with the lock key's create revision as fencing token.
 ///
 /// Cheap to clone (clones share the connection and the session lease). See the crate
@@ -167,15 +175,8 @@ impl EtcdBackend {
 
 #[async_trait]
 impl LockBackend for EtcdBackend {
-    fn name(&self) -> &'static str {
-        NAME
-    }
-
     fn capabilities(&self) -> Capabilities {
-        Capabilities::new(SafetyClass::Correctness, FencingKind::Monotonic)
-            .with_wait(WaitKind::Native)
-            .with_renewal(RenewalKind::Session)
-            .with_ttl_range(Duration::from_secs(1), DEFAULT_MAX_TTL)
+        CAPABILITIES
     }
 
     async fn try_lock(&self, req: LockRequest<'_>) -> Result<Option<Grant>, Error> {

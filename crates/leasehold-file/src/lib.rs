@@ -372,12 +372,8 @@ fn write_owner(file: &mut File, owner: &Owner) -> io::Result<()> {
 
 #[async_trait]
 impl LockBackend for FileBackend {
-    fn name(&self) -> &'static str {
-        NAME
-    }
-
     fn capabilities(&self) -> Capabilities {
-        Capabilities::new(SafetyClass::Host, FencingKind::Monotonic)
+        Capabilities::new(NAME, SafetyClass::Host, FencingKind::Monotonic)
             .with_wait(WaitKind::Poll)
             .with_renewal(RenewalKind::Session)
             .with_ttl_range(self.inner.config.check_interval * 2, DEFAULT_MAX_TTL)
@@ -423,10 +419,9 @@ impl LockBackend for FileBackend {
     }
 
     async fn wait_lock(&self, _req: LockRequest<'_>, _deadline: Instant) -> Result<Waited, Error> {
-        Err(Error::new(
-            ErrorKind::Unsupported,
+        Err(Error::no_native_wait(
             NAME,
-            "file locks have no cancellable native wait; the Locker retries with backoff",
+            "file locks have no cancellable native wait",
         ))
     }
 

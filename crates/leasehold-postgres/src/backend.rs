@@ -436,12 +436,8 @@ fn internal(msg: &str) -> Error {
 
 #[async_trait]
 impl LockBackend for PostgresBackend {
-    fn name(&self) -> &'static str {
-        NAME
-    }
-
     fn capabilities(&self) -> Capabilities {
-        Capabilities::new(SafetyClass::Correctness, FencingKind::Monotonic)
+        Capabilities::new(NAME, SafetyClass::Correctness, FencingKind::Monotonic)
             .with_wait(WaitKind::Native)
             .with_renewal(RenewalKind::Session)
             .with_ttl_range(

@@ -20,6 +20,13 @@ use crate::config::{REDLOCK as NAME, RedlockConfig};
 use crate::keys::Names;
 use crate::node::{Connector, Node, Taken, names};
 
+/// What Redlock guarantees and supports: a constant, as
+/// [`LockBackend::capabilities`] requires.
+const CAPABILITIES: Capabilities =
+    Capabilities::new(NAME, SafetyClass::Efficiency, FencingKind::None)
+        .with_wait(WaitKind::Poll)
+        .with_ttl_range(Duration::from_millis(10), leasehold_core::DEFAULT_MAX_TTL);
+
 /// How long counting a node's keys (SCAN, for leak checks) may take beyond the connect timeout.
 const COUNT_BOUND: Duration = Duration::from_secs(5);
 
@@ -421,14 +428,8 @@ async fn give_back(node: &Node, names: &Names, owner: &Owner, bound: Duration) {
 
 #[async_trait]
 impl LockBackend for RedlockBackend {
-    fn name(&self) -> &'static str {
-        NAME
-    }
-
     fn capabilities(&self) -> Capabilities {
-        Capabilities::new(SafetyClass::Efficiency, FencingKind::None)
-            .with_wait(WaitKind::Poll)
-            .with_ttl_range(Duration::from_millis(10), leasehold_core::DEFAULT_MAX_TTL)
+        CAPABILITIES
     }
 
     async fn try_lock(&self, req: LockRequest<'_>) -> Result<Option<Grant>, Error> {
@@ -436,11 +437,7 @@ impl LockBackend for RedlockBackend {
     }
 
     async fn wait_lock(&self, _req: LockRequest<'_>, _deadline: Instant) -> Result<Waited, Error> {
-        Err(Error::new(
-            ErrorKind::Unsupported,
-            NAME,
-            "Redlock has no native wait; the Locker retries with jittered backoff",
-        ))
+        Err(Error::no_native_wait(NAME, "Redlock has no native wait"))
     }
 
     async fn release(&self, held: Held<'_>) -> Result<bool, Error> {

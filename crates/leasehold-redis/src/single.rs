@@ -19,6 +19,13 @@ use tokio::time::Instant;
 use crate::config::{Deployment, REDIS as NAME, RedisConfig, invalid};
 use crate::node::{Connector, Node, Taken, names};
 
+/// What single-node Redis guarantees and supports: a constant, as
+/// [`LockBackend::capabilities`] requires.
+const CAPABILITIES: Capabilities =
+    Capabilities::new(NAME, SafetyClass::Efficiency, FencingKind::BestEffort)
+        .with_wait(WaitKind::Native)
+        .with_ttl_range(Duration::from_millis(10), leasehold_core::DEFAULT_MAX_TTL);
+
 /// Locks on one Redis server: an *efficiency* lock with a best-effort fencing token.
 ///
 /// See the [crate docs](crate) for the key mapping, the scripts and what this does not
@@ -341,14 +348,8 @@ impl Drop for Subscription {
 
 #[async_trait]
 impl LockBackend for RedisBackend {
-    fn name(&self) -> &'static str {
-        NAME
-    }
-
     fn capabilities(&self) -> Capabilities {
-        Capabilities::new(SafetyClass::Efficiency, FencingKind::BestEffort)
-            .with_wait(WaitKind::Native)
-            .with_ttl_range(Duration::from_millis(10), leasehold_core::DEFAULT_MAX_TTL)
+        CAPABILITIES
     }
 
     async fn try_lock(&self, req: LockRequest<'_>) -> Result<Option<Grant>, Error> {

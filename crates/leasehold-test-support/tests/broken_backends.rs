@@ -38,13 +38,13 @@ struct Broken {
 
 #[async_trait]
 impl LockBackend for Broken {
-    fn name(&self) -> &'static str {
-        "broken-memory"
-    }
-
     fn capabilities(&self) -> Capabilities {
         // Poll, so the Locker goes through try_lock (where most faults live).
-        let caps = self.inner.capabilities().with_wait(WaitKind::Poll);
+        let caps = self
+            .inner
+            .capabilities()
+            .with_wait(WaitKind::Poll)
+            .with_name("broken-memory");
         if self.fault == Fault::NoExclusion {
             // Fabricated grants carry no token; claim none, so only the overlap can give it away.
             let mut caps = caps;

@@ -122,11 +122,9 @@ fn down() -> Error {
 
 #[leasehold_core::async_trait]
 impl leasehold_core::LockBackend for Down {
-    fn name(&self) -> &'static str {
-        "down"
-    }
     fn capabilities(&self) -> leasehold_core::Capabilities {
         leasehold_core::Capabilities::new(
+            "down",
             leasehold_core::SafetyClass::Efficiency,
             leasehold_core::FencingKind::None,
         )

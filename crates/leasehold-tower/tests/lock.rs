@@ -258,11 +258,8 @@ fn down() -> Error {
 
 #[async_trait]
 impl LockBackend for Unreachable {
-    fn name(&self) -> &'static str {
-        "unreachable"
-    }
     fn capabilities(&self) -> Capabilities {
-        Capabilities::new(SafetyClass::Efficiency, FencingKind::None)
+        Capabilities::new("unreachable", SafetyClass::Efficiency, FencingKind::None)
     }
     async fn try_lock(&self, _req: LockRequest<'_>) -> Result<Option<Grant>, Error> {
         Err(down())

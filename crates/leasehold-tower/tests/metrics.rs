@@ -174,11 +174,8 @@ struct NoRenewal(MemoryBackend);
 
 #[async_trait]
 impl LockBackend for NoRenewal {
-    fn name(&self) -> &'static str {
-        "no-renewal"
-    }
     fn capabilities(&self) -> Capabilities {
-        self.0.capabilities()
+        self.0.capabilities().with_name("no-renewal")
     }
     async fn try_lock(&self, req: LockRequest<'_>) -> Result<Option<Grant>, Error> {
         self.0.try_lock(req).await

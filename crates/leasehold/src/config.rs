@@ -11,6 +11,7 @@ use serde::Deserialize;
 
 use crate::registry::{invalid, open, scheme_of};
 use crate::table::BackendTable;
+use leasehold_core::LockBackendExt as _;
 
 /// What the locks of a configuration are for: efficiency (a lost lock costs duplicate work) or
 /// correctness (a lost lock corrupts data).

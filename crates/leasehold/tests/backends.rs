@@ -20,7 +20,7 @@ async fn redis_through_config() {
     );
     let cfg = LockConfig::from_toml_str(&toml).unwrap();
     let locker = cfg.build().await.unwrap();
-    assert_eq!(locker.backend().name(), "redis");
+    assert_eq!(locker.backend().capabilities().name, "redis");
     assert_eq!(locker.options().ttl, Duration::from_secs(5));
     let lease = locker.acquire("job", cfg.wait_budget()).await.unwrap();
     assert!(lease.fencing_token().is_some());
@@ -52,7 +52,7 @@ async fn redlock_nodes_through_config() {
         .build()
         .await
         .unwrap();
-    assert_eq!(locker.backend().name(), "redlock");
+    assert_eq!(locker.backend().capabilities().name, "redlock");
     let lease = locker.try_acquire("job").await.unwrap().unwrap();
     assert_eq!(lease.fencing_token(), None);
     assert!(locker.try_acquire("job").await.unwrap().is_none());
@@ -70,7 +70,7 @@ async fn postgres_through_config_serves_correctness() {
     );
     let cfg = LockConfig::from_toml_str(&toml).unwrap();
     let locker = cfg.build().await.unwrap();
-    assert_eq!(locker.backend().name(), "postgres");
+    assert_eq!(locker.backend().capabilities().name, "postgres");
     let a = locker.acquire("job", Duration::from_secs(1)).await.unwrap();
     let ta = a.fencing_token().unwrap();
     assert!(a.release().await.unwrap());
@@ -112,7 +112,7 @@ async fn etcd_through_config_serves_correctness() {
         .build()
         .await
         .unwrap();
-    assert_eq!(locker.backend().name(), "etcd");
+    assert_eq!(locker.backend().capabilities().name, "etcd");
     let a = locker.acquire("job", Duration::from_secs(2)).await.unwrap();
     let ta = a.fencing_token().unwrap();
     assert!(locker.try_acquire("job").await.unwrap().is_none());
@@ -125,7 +125,7 @@ async fn etcd_through_config_serves_correctness() {
 #[tokio::test]
 async fn memory_through_config_and_connect() {
     let backend = leasehold::connect("memory://").await.unwrap();
-    assert_eq!(backend.name(), "memory");
+    assert_eq!(backend.capabilities().name, "memory");
     let e = leasehold::connect("nope://x").await.err().unwrap();
     assert!(e.to_string().contains("available schemes: memory"), "{e}");
 }

@@ -71,9 +71,6 @@ impl SlowAnswers {
 
 #[async_trait]
 impl LockBackend for SlowAnswers {
-    fn name(&self) -> &'static str {
-        self.inner.name()
-    }
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities()
     }

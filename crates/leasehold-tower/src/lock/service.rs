@@ -104,8 +104,10 @@ where
         let key = match LockKey::new(key) {
             Ok(k) => k,
             Err(e) => {
-                let err =
-                    LockError::Lock(Error::invalid_key(self.settings.locker.backend().name(), e));
+                let err = LockError::Lock(Error::invalid_key(
+                    self.settings.locker.backend().capabilities().name,
+                    e,
+                ));
                 return ResponseFuture::failed(err, hold, meter);
             }
         };
