@@ -35,10 +35,13 @@ impl Summary {
 }
 
 /// The median and range of a few figures (one per repeat of a measurement).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct Spread {
+    /// The middle figure (the mean of the two middle ones for an even count).
     pub(crate) median: f64,
+    /// The smallest figure.
     pub(crate) min: f64,
+    /// The largest figure.
     pub(crate) max: f64,
 }
 
