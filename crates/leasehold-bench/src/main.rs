@@ -121,8 +121,6 @@ impl PerfArgs {
                 contention: Duration::try_from_secs_f64(self.contention_secs)?,
                 repeats: self.repeats,
                 pinned_iterations: self.pinned_iterations,
-                layer_requests: 20_000,
-                benchmark_requests: 200_000,
                 quick: false,
                 ..p
             };

@@ -51,7 +51,7 @@ pub(super) async fn redis_benchmark(p: &Params, rt: &str) -> Vec<Row> {
                     ..ours
                 },
                 Row {
-                    cycles: usize::try_from(p.benchmark_requests).unwrap_or(usize::MAX),
+                    cycles: usize::try_from(p.benchmark_requests()).unwrap_or(usize::MAX),
                     per_sec: Some(set_rate),
                     ..tool
                 },
@@ -80,7 +80,7 @@ async fn redis_rates(p: &Params) -> Result<(usize, f64, f64), BoxError> {
     let out = tokio::process::Command::new("redis-benchmark")
         .args(["-h", &addr.ip().to_string(), "-p", &addr.port().to_string()])
         .args(["-t", "set", "-c", &CLIENTS.to_string()])
-        .args(["-n", &p.benchmark_requests.to_string(), "-q"])
+        .args(["-n", &p.benchmark_requests().to_string(), "-q"])
         .output()
         .await
         .map_err(|e| format!("running redis-benchmark: {e}"))?;
@@ -219,7 +219,7 @@ pub(super) fn tower_layer(p: &Params) -> Vec<Row> {
             Row {
                 label: v.label().to_owned(),
                 kind: if *v == Variant::Bare { "raw" } else { "ours" },
-                cycles: rounds * usize::try_from(p.layer_requests).unwrap_or(0),
+                cycles: rounds * usize::try_from(p.layer_requests()).unwrap_or(0),
                 p50: Some(Duration::from_secs_f64(median * 1e-9)),
                 per_sec: (median > 0.0).then(|| 1e9 / median),
                 ratio: ratio.map(|(s, what)| (s, what.to_owned())),
@@ -232,7 +232,7 @@ pub(super) fn tower_layer(p: &Params) -> Vec<Row> {
 /// Nanoseconds per request of each variant, one array per round.
 async fn layer_rounds(p: &Params) -> Result<Vec<Vec<f64>>, BoxError> {
     let locker = Locker::new(MemoryBackend::new());
-    let n = p.layer_requests.max(1);
+    let n = p.layer_requests().max(1);
     let mut base = 0;
     for v in VARIANTS {
         serve(v, &locker, n / 10, base).await?;

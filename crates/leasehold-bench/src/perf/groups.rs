@@ -76,8 +76,8 @@ where
 }
 
 /// Ours on Redis: one node (with the fair queue if `fair`), or Redlock over several.
-async fn ours_redis(urls: &[String], prefix: String, fair: bool) -> Result<Ours, BoxError> {
-    let backend: Arc<dyn LockBackend> = match urls {
+async fn ours_redis(urls: Vec<String>, prefix: String, fair: bool) -> Result<Ours, BoxError> {
+    let backend: Arc<dyn LockBackend> = match &urls[..] {
         [url] => {
             let cfg = RedisConfig::from_url(url)?.with_prefix(prefix)?;
             let cfg = if fair {
@@ -102,49 +102,28 @@ fn redis_subjects(urls: &[String], count_urls: &[String]) -> Vec<Subject> {
         urls: count_urls.to_vec(),
         needle: t.prefix.clone(),
     };
-    let (u, u2) = (urls.to_vec(), urls.to_vec());
+    let (ours, raw) = if single {
+        ("leasehold RedisBackend", "raw redis-rs SET NX PX + EVALSHA")
+    } else {
+        (
+            "leasehold RedlockBackend",
+            "raw concurrent fan-out (50 ms per node)",
+        )
+    };
+    let (u, u2, u3) = (urls.to_vec(), urls.to_vec(), urls.to_vec());
     let mut v = vec![
-        subject(
-            if single {
-                "leasehold RedisBackend"
-            } else {
-                "leasehold RedlockBackend"
-            },
-            Kind::Ours,
-            "perf-ours",
-            count,
-            move |t| {
-                let u = u.clone();
-                async move { ours_redis(&u, t.prefix, false).await }
-            },
-        ),
-        subject(
-            if single {
-                "raw redis-rs SET NX PX + EVALSHA"
-            } else {
-                "raw concurrent fan-out (50 ms per node)"
-            },
-            Kind::Raw,
-            "perf-raw",
-            count,
-            move |t| {
-                let u = u2.clone();
-                async move { RawRedis::connect(&u, t.prefix, RAW_NODE_TIMEOUT).await }
-            },
-        ),
+        subject(ours, Kind::Ours, "perf-ours", count, move |t| {
+            ours_redis(u.clone(), t.prefix, false)
+        }),
+        subject(raw, Kind::Raw, "perf-raw", count, move |t| {
+            RawRedis::connect(u2.clone(), t.prefix, RAW_NODE_TIMEOUT)
+        }),
     ];
     if single {
-        let u = urls.to_vec();
-        v.push(subject(
-            "leasehold RedisBackend, fair queue",
-            Kind::Ours,
-            "perf-fair",
-            count,
-            move |t| {
-                let u = u.clone();
-                async move { ours_redis(&u, t.prefix, true).await }
-            },
-        ));
+        let fair = "leasehold RedisBackend, fair queue";
+        v.push(subject(fair, Kind::Ours, "perf-fair", count, move |t| {
+            ours_redis(u3.clone(), t.prefix, true)
+        }));
     }
     #[cfg(feature = "peers")]
     {
@@ -154,23 +133,37 @@ fn redis_subjects(urls: &[String], count_urls: &[String]) -> Vec<Subject> {
             Kind::Peer,
             "perf-rslock",
             count,
-            move |t| {
-                let c = peers::Rslock::new(&u, t.prefix);
-                async move { Ok(c) }
-            },
+            move |t| std::future::ready(Ok(peers::Rslock::new(&u, t.prefix))),
         ));
-        v.push(subject(
-            "distributed-lock-redis 0.2",
-            Kind::Peer,
-            "perf-dlredis",
-            count,
-            move |t| {
-                let u = u2.clone();
-                async move { peers::DlRedis::connect(&u, t.prefix).await }
-            },
-        ));
+        let dl = "distributed-lock-redis 0.2";
+        v.push(subject(dl, Kind::Peer, "perf-dlredis", count, move |t| {
+            peers::DlRedis::connect(u2.clone(), t.prefix)
+        }));
     }
     v
+}
+
+/// Ours on PostgreSQL, its sessions named after the subject.
+async fn ours_pg(conninfo: String, t: Tag) -> Result<Ours, BoxError> {
+    let cfg = PostgresConfig::from_url(&conninfo)?
+        .with_prefix(t.prefix)?
+        .with_application_name(t.app);
+    Ours::new(Arc::new(PostgresBackend::connect(cfg).await?))
+}
+
+async fn raw_pg(conninfo: String, t: Tag) -> Result<RawPg, BoxError> {
+    RawPg::connect(&conninfo, &t.app, t.prefix).await
+}
+
+#[cfg(feature = "peers")]
+async fn sqlx_pg(conninfo: String, t: Tag) -> Result<peers::SqlxAdvisory, BoxError> {
+    peers::SqlxAdvisory::connect(&conninfo, &t.app, t.prefix).await
+}
+
+#[cfg(feature = "peers")]
+async fn dl_pg(conninfo: String, t: Tag) -> Result<peers::DlPostgres, BoxError> {
+    let url = peers::sqlx08_url(&conninfo, &t.app)?;
+    peers::DlPostgres::connect(&url, t.prefix).await
 }
 
 fn postgres_subjects(conninfo: &str) -> Vec<Subject> {
@@ -179,60 +172,29 @@ fn postgres_subjects(conninfo: &str) -> Vec<Subject> {
         app: t.app.clone(),
     };
     let (c, c2) = (conninfo.to_owned(), conninfo.to_owned());
+    let ours = "leasehold PostgresBackend (a session per held lock)";
+    let raw =
+        "raw prepared pg_try_advisory_lock + unlock (one connection; waits in the server queue)";
     #[cfg_attr(not(feature = "peers"), allow(unused_mut))]
     let mut v = vec![
-        subject(
-            "leasehold PostgresBackend (a session per held lock)",
-            Kind::Ours,
-            "perf-ours",
-            count,
-            move |t| {
-                let c = c.clone();
-                async move {
-                    let cfg = PostgresConfig::from_url(&c)?
-                        .with_prefix(t.prefix)?
-                        .with_application_name(t.app);
-                    Ours::new(Arc::new(PostgresBackend::connect(cfg).await?))
-                }
-            },
-        ),
-        subject(
-            "raw prepared pg_try_advisory_lock + unlock (one connection; waits in the server queue)",
-            Kind::Raw,
-            "perf-raw",
-            count,
-            move |t| {
-                let c = c2.clone();
-                async move { RawPg::connect(&c, &t.app, t.prefix).await }
-            },
-        ),
+        subject(ours, Kind::Ours, "perf-ours", count, move |t| {
+            ours_pg(c.clone(), t)
+        }),
+        subject(raw, Kind::Raw, "perf-raw", count, move |t| {
+            raw_pg(c2.clone(), t)
+        }),
     ];
     #[cfg(feature = "peers")]
     {
         let (c, c2) = (conninfo.to_owned(), conninfo.to_owned());
-        v.push(subject(
-            format!("sqlx 0.9 PgAdvisoryLock (pool of {})", peers::POOL),
-            Kind::Peer,
-            "perf-sqlx",
-            count,
-            move |t| {
-                let c = c.clone();
-                async move { peers::SqlxAdvisory::connect(&c, &t.app, t.prefix).await }
-            },
-        ));
-        v.push(subject(
-            format!("distributed-lock-postgres 0.2 (pool of {})", peers::POOL),
-            Kind::Peer,
-            "perf-dlpg",
-            count,
-            move |t| {
-                let c = c2.clone();
-                async move {
-                    let url = peers::sqlx08_url(&c, &t.app)?;
-                    peers::DlPostgres::connect(&url, t.prefix).await
-                }
-            },
-        ));
+        let sqlx = format!("sqlx 0.9 PgAdvisoryLock (pool of {})", peers::POOL);
+        let dl = format!("distributed-lock-postgres 0.2 (pool of {})", peers::POOL);
+        v.push(subject(sqlx, Kind::Peer, "perf-sqlx", count, move |t| {
+            sqlx_pg(c.clone(), t)
+        }));
+        v.push(subject(dl, Kind::Peer, "perf-dlpg", count, move |t| {
+            dl_pg(c2.clone(), t)
+        }));
     }
     v
 }
@@ -255,52 +217,39 @@ fn etcd_subjects(endpoints: &[String]) -> Vec<Subject> {
         prefix: t.prefix.clone(),
         leases: None,
     };
+    let leases = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let l = Arc::clone(&leases);
+    let count_leases = |t: &Tag| Count::Etcd {
+        endpoints: endpoints.to_vec(),
+        prefix: t.prefix.clone(),
+        leases: Some(leases),
+    };
     let (e, e2, e3, e4) = (
         endpoints.to_vec(),
         endpoints.to_vec(),
         endpoints.to_vec(),
         endpoints.to_vec(),
     );
-    let leases = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let l = Arc::clone(&leases);
+    let session = "leasehold EtcdBackend (session lease)";
+    let per_lock = "leasehold EtcdBackend (a lease per lock)";
+    let raw = "raw Lock + Unlock RPCs on one kept lease";
+    let raw_per_lock = "etcd-client 0.21 Lock, a lease per lock";
     vec![
+        subject(session, Kind::Ours, "perf-ours", count, move |t| {
+            ours_etcd(e.clone(), t.prefix, LeaseMode::Session)
+        }),
+        subject(per_lock, Kind::Ours, "perf-ours-lpl", count, move |t| {
+            ours_etcd(e2.clone(), t.prefix, LeaseMode::PerLock)
+        }),
+        subject(raw, Kind::Raw, "perf-raw", count, move |t| {
+            RawEtcd::connect(e3.clone(), t.prefix)
+        }),
         subject(
-            "leasehold EtcdBackend (session lease)",
-            Kind::Ours,
-            "perf-ours",
-            count,
-            move |t| ours_etcd(e.clone(), t.prefix, LeaseMode::Session),
-        ),
-        subject(
-            "leasehold EtcdBackend (a lease per lock)",
-            Kind::Ours,
-            "perf-ours-lpl",
-            count,
-            move |t| ours_etcd(e2.clone(), t.prefix, LeaseMode::PerLock),
-        ),
-        subject(
-            "raw Lock + Unlock RPCs on one kept lease",
-            Kind::Raw,
-            "perf-raw",
-            count,
-            move |t| {
-                let e = e3.clone();
-                async move { RawEtcd::connect(&e, t.prefix).await }
-            },
-        ),
-        subject(
-            "etcd-client 0.21 Lock, a lease per lock",
+            raw_per_lock,
             Kind::Peer,
             "perf-lpl",
-            |t| Count::Etcd {
-                endpoints: endpoints.to_vec(),
-                prefix: t.prefix.clone(),
-                leases: Some(leases),
-            },
-            move |t| {
-                let (e, l) = (e4.clone(), Arc::clone(&l));
-                async move { RawEtcd::lease_per_lock(&e, t.prefix, l).await }
-            },
+            count_leases,
+            move |t| RawEtcd::lease_per_lock(e4.clone(), t.prefix, Arc::clone(&l)),
         ),
     ]
 }
@@ -357,43 +306,43 @@ impl Drop for RemoveDir {
 
 fn memory_subjects() -> Vec<Subject> {
     let backend = Arc::new(MemoryBackend::new());
-    let b = Arc::clone(&backend);
+    let b: Arc<dyn LockBackend> = backend.clone();
+    let make = make(move || std::future::ready(Ours::new(Arc::clone(&b))));
+    let count = Count::Local(Box::new(move || backend.held_count()));
     vec![Subject::new(
         "leasehold MemoryBackend",
         Kind::Ours,
         true,
-        make(move || {
-            let b: Arc<dyn LockBackend> = b.clone();
-            async move { Ours::new(b) }
-        }),
-        Count::Local(Box::new(move || backend.held_count())),
+        make,
+        count,
     )]
 }
 
 /// The file backend on a lock folder under `dir`, a backend per client (as separate processes
-/// would have).
+/// would have), each kept to count what it holds.
 fn file_subjects(dir: PathBuf) -> Vec<Subject> {
     let made: Arc<std::sync::Mutex<Vec<Arc<FileBackend>>>> = Arc::default();
     let m = Arc::clone(&made);
+    let open = move || -> Result<Ours, BoxError> {
+        let b = Arc::new(FileBackend::new(FileConfig::new(dir.clone()))?);
+        if let Ok(mut v) = m.lock() {
+            v.push(Arc::clone(&b));
+        }
+        Ours::new(b)
+    };
+    let held = move || {
+        let all = made.lock();
+        all.map(|v| v.iter().map(|b| b.held_count()).sum())
+            .unwrap_or(usize::MAX)
+    };
+    let label = "leasehold FileBackend (a backend per client)";
+    let make = make(move || std::future::ready(open()));
     vec![Subject::new(
-        "leasehold FileBackend (a backend per client)",
+        label,
         Kind::Ours,
         false,
-        make(move || {
-            let (d, m) = (dir.clone(), Arc::clone(&m));
-            async move {
-                let b = Arc::new(FileBackend::new(FileConfig::new(d))?);
-                if let Ok(mut v) = m.lock() {
-                    v.push(Arc::clone(&b));
-                }
-                Ours::new(b)
-            }
-        }),
-        Count::Local(Box::new(move || {
-            made.lock()
-                .map(|v| v.iter().map(|b| b.held_count()).sum())
-                .unwrap_or(usize::MAX)
-        })),
+        make,
+        Count::Local(Box::new(held)),
     )]
 }
 

@@ -27,10 +27,6 @@ pub(crate) struct Params {
     pub(crate) repeats: usize,
     /// Cycles per implementation and repeat in the pinned PostgreSQL groups.
     pub(crate) pinned_iterations: usize,
-    /// Requests per variant and repeat in the LockLayer group.
-    pub(crate) layer_requests: u64,
-    /// SET requests redis-benchmark sends in the redis-benchmark group.
-    pub(crate) benchmark_requests: u64,
     /// Whether the pinned groups pin the bench and PostgreSQL to different CPUs.
     pub(crate) pin: bool,
     /// The quick smoke-test mode.
@@ -38,6 +34,16 @@ pub(crate) struct Params {
 }
 
 impl Params {
+    /// Requests per variant and round in the LockLayer group.
+    pub(crate) fn layer_requests(&self) -> u64 {
+        if self.quick { 500 } else { 20_000 }
+    }
+
+    /// SET requests redis-benchmark sends in the redis-benchmark group.
+    pub(crate) fn benchmark_requests(&self) -> u64 {
+        if self.quick { 2_000 } else { 200_000 }
+    }
+
     /// The `--quick` figures: everything runs, a few cycles each.
     pub(crate) fn quick(groups: Vec<String>, pin: bool) -> Self {
         Self {
@@ -50,8 +56,6 @@ impl Params {
             groups,
             repeats: 2,
             pinned_iterations: 40,
-            layer_requests: 500,
-            benchmark_requests: 2_000,
             pin,
             quick: true,
         }
@@ -120,14 +124,18 @@ impl Scenario {
 }
 
 /// One measured line of the report (one implementation, one scenario, one concurrency).
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub(crate) struct Row {
+    /// Where it ran: the runtime, the group, the scenario.
     pub(crate) runtime: String,
     pub(crate) group: String,
     pub(crate) scenario: Scenario,
+    /// What ran, of which [`Kind`](crate::subjects::Kind), with how many tasks.
     pub(crate) label: String,
     pub(crate) kind: &'static str,
     pub(crate) concurrency: usize,
+    /// Why it failed, if it did.
+    pub(crate) error: Option<String>,
     pub(crate) cycles: usize,
     pub(crate) p50: Option<Duration>,
     pub(crate) p99: Option<Duration>,
@@ -140,7 +148,6 @@ pub(crate) struct Row {
     /// A ratio measured in the same run (median and range over repeats), and what it is
     /// a ratio of.
     pub(crate) ratio: Option<(Spread, String)>,
-    pub(crate) error: Option<String>,
 }
 
 impl Row {

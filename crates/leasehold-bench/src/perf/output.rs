@@ -16,6 +16,14 @@ fn fmt_ms(d: Option<Duration>) -> String {
     d.map(ms).unwrap_or_else(|| "–".into())
 }
 
+/// A duration in µs below 0.1 ms (the LockLayer group's requests), else in ms.
+fn fmt_fine(d: Option<Duration>) -> String {
+    match d {
+        Some(d) if d < Duration::from_micros(100) => format!("{:.2} µs", d.as_secs_f64() * 1e6),
+        other => fmt_ms(other),
+    }
+}
+
 fn fmt_rate(x: Option<f64>) -> String {
     x.map(|x| format!("{x:.0}")).unwrap_or_else(|| "–".into())
 }
@@ -275,20 +283,18 @@ fn repeated_table(groups: &[(&str, Vec<&Row>)], rt: &str, p: &Params) -> Table {
             .ratio
             .as_ref()
             .map(|(s, of)| format!("{} {of}", s.times()));
-        vec![
-            fmt_ms(r.p50),
-            fmt_ms(r.p99),
-            rate,
-            ratio.unwrap_or_else(|| "–".into()),
-        ]
+        let ratio = ratio.unwrap_or_else(|| "–".into());
+        vec![fmt_fine(r.p50), fmt_fine(r.p99), rate, ratio]
     });
     t.note(
         "Each repeat measures every implementation of the group in alternating rounds (the \
          pinned PostgreSQL groups on new connections, so on new server processes); figures \
          are medians over the repeats, ratios are the median and range of the per-repeat \
          ratios. The pinned groups run the bench and PostgreSQL on different CPUs unless \
-         `--no-pin` (or one CPU) says otherwise. The redis-benchmark row is one run of the \
-         server's own tool, against our cycles on the same number of tasks."
+         `--no-pin` (or one CPU) says otherwise. The tower-layer figures are times per request \
+         (a round's mean, median over the rounds), ratios the median of per-round ratios. The \
+         redis-benchmark row is one run of the server's own tool, against our cycles on the \
+         same number of tasks."
             .to_owned(),
     );
     t

@@ -51,6 +51,14 @@ pub(crate) struct Writes {
     pub(crate) rightful_rejected: u32,
 }
 
+impl std::ops::AddAssign for Writes {
+    fn add_assign(&mut self, other: Self) {
+        self.stale_plain += other.stale_plain;
+        self.stale_fenced += other.stale_fenced;
+        self.rightful_rejected += other.rightful_rejected;
+    }
+}
+
 /// The record of one trial: grants, holder intervals and both stores.
 #[derive(Debug)]
 pub(crate) struct Trial {

@@ -83,9 +83,7 @@ async fn run_all(params: &Params) -> Result<BTreeMap<(usize, usize), Cell>, BoxE
                         cell.overlaps += u32::from(o.overlap);
                         cell.takeovers += u32::from(o.takeover);
                         cell.late_grants += u32::from(o.late_grant);
-                        cell.stale_plain += w.stale_plain;
-                        cell.stale_fenced += w.stale_fenced;
-                        cell.rightful_rejected += w.rightful_rejected;
+                        cell.writes += w;
                         cell.caps = Some(o.caps);
                     }
                     Err(e) => cell.errors.push(e.to_string()),

@@ -3,6 +3,8 @@
 
 use leasehold_core::Capabilities;
 
+use super::check::Writes;
+
 /// The backends, in table order.
 pub(crate) const BACKENDS: [&str; 6] = ["memory", "file", "redis", "redlock", "postgres", "etcd"];
 
@@ -85,15 +87,18 @@ pub(super) fn must_take_over(backend: &str, fault: &str) -> Option<&'static str>
 /// The tally of one (backend, fault) cell.
 #[derive(Debug, Default, Clone)]
 pub(super) struct Cell {
+    /// Trials that ran, and why the others could not.
     pub(super) runs: u32,
+    pub(super) errors: Vec<String>,
+    /// The backend's capabilities (what it claims of its fencing tokens).
+    pub(super) caps: Option<Capabilities>,
+    /// Trials in which two holders overlapped, B took the lock, A's grant came back expired.
     pub(super) overlaps: u32,
-    pub(super) stale_plain: u32,
-    pub(super) stale_fenced: u32,
-    pub(super) rightful_rejected: u32,
     pub(super) takeovers: u32,
     pub(super) late_grants: u32,
-    pub(super) errors: Vec<String>,
-    pub(super) caps: Option<Capabilities>,
+    /// Stale writes the plain and the fenced store accepted, and writes of the newest holder
+    /// the fenced store rejected, summed over the trials.
+    pub(super) writes: Writes,
 }
 
 #[cfg(test)]

@@ -13,7 +13,7 @@ use crate::report::Table;
 /// capabilities are unknown, `–` when it mints no token.
 fn fenced(c: &Cell) -> String {
     match c.caps.map(|k| k.fencing) {
-        Some(f) if f.mints_tokens() => c.stale_fenced.to_string(),
+        Some(f) if f.mints_tokens() => c.writes.stale_fenced.to_string(),
         None => "?".to_owned(),
         Some(_) => "–".to_owned(),
     }
@@ -27,18 +27,18 @@ fn violations(backend: &str, fault: &str, c: &Cell) -> Vec<String> {
         .map(|e| format!("{backend} / {fault}: a trial failed: {e}"))
         .collect();
     let monotonic = c.caps.map(|k| k.fencing) == Some(FencingKind::Monotonic);
-    if monotonic && c.stale_fenced > 0 {
+    if monotonic && c.writes.stale_fenced > 0 {
         v.push(format!(
             "{backend} / {fault}: claims monotonic fencing, yet the fenced store accepted {} \
              stale write(s)",
-            c.stale_fenced
+            c.writes.stale_fenced
         ));
     }
-    if monotonic && c.rightful_rejected > 0 {
+    if monotonic && c.writes.rightful_rejected > 0 {
         v.push(format!(
             "{backend} / {fault}: claims monotonic fencing, yet the fenced store rejected {} \
              write(s) of the newest holder (its token went back)",
-            c.rightful_rejected
+            c.writes.rightful_rejected
         ));
     }
     if let Some(why) = must_take_over(backend, fault)
@@ -73,7 +73,7 @@ fn csv_line(backend: &str, fault: &str, c: &Cell) -> String {
     let stale_fenced = if fenced(c) == "–" {
         String::new()
     } else {
-        c.stale_fenced.to_string()
+        c.writes.stale_fenced.to_string()
     };
     format!(
         "{backend},{fault},true,{},{},{},{},{},{stale_fenced},{},{},{fencing}",
@@ -81,8 +81,8 @@ fn csv_line(backend: &str, fault: &str, c: &Cell) -> String {
         c.takeovers,
         c.late_grants,
         c.overlaps,
-        c.stale_plain,
-        c.rightful_rejected,
+        c.writes.stale_plain,
+        c.writes.rightful_rejected,
         c.errors.len(),
     )
 }
@@ -98,12 +98,12 @@ fn detail_row(backend: &str, fault: &str, c: &Cell) -> Vec<String> {
         c.takeovers,
         c.late_grants,
         c.overlaps,
-        c.stale_plain,
+        c.writes.stale_plain,
     ];
     let mut row = vec![backend.to_owned(), fault.to_owned()];
     row.extend(counts.iter().map(u32::to_string));
     row.push(fenced);
-    row.push(c.rightful_rejected.to_string());
+    row.push(c.writes.rightful_rejected.to_string());
     row.push(c.errors.len().to_string());
     row
 }
@@ -180,7 +180,7 @@ pub(super) fn render(
             row.push(format!(
                 "{} / {} / {}{failed}",
                 c.overlaps,
-                c.stale_plain,
+                c.writes.stale_plain,
                 fenced(c)
             ));
             detail.row(detail_row(backend, fault, c));
@@ -209,6 +209,7 @@ mod tests {
     use leasehold_core::{Capabilities, SafetyClass};
 
     use super::*;
+    use crate::safety::check::Writes;
 
     /// A cell of one run in which B took over, with these counts.
     fn cell(fencing: FencingKind, overlaps: u32, stale_fenced: u32) -> Cell {
@@ -216,11 +217,20 @@ mod tests {
             runs: 1,
             takeovers: 1,
             overlaps,
-            stale_plain: overlaps,
-            stale_fenced,
+            writes: Writes {
+                stale_plain: overlaps,
+                stale_fenced,
+                rightful_rejected: 0,
+            },
             caps: Some(Capabilities::new(SafetyClass::Correctness, fencing)),
             ..Cell::default()
         }
+    }
+
+    /// `c`, in which the fenced store also rejected a write of the newest holder.
+    fn rejecting(mut c: Cell) -> Cell {
+        c.writes.rightful_rejected = 1;
+        c
     }
 
     /// The whole table over these cells (backend, fault, cell).
@@ -249,10 +259,7 @@ mod tests {
         // Expected: an overlap under a pause; best-effort tokens that went back, whose rightful
         // holder's writes the fenced store then rejects; a session-held lock nobody took over
         // under a pause.
-        let went_back = Cell {
-            rightful_rejected: 1,
-            ..cell(BestEffort, 1, 1)
-        };
+        let went_back = rejecting(cell(BestEffort, 1, 1));
         let fine = vec![
             ("etcd", "pause", cell(Monotonic, 1, 0)),
             ("redis", "restart", went_back),
@@ -277,10 +284,7 @@ mod tests {
         );
         // A fault that did nothing: nobody took the lock where the fault must hand it over.
         // A monotonic token that went back: the newest holder's write was rejected.
-        let rejected = Cell {
-            rightful_rejected: 1,
-            ..cell(Monotonic, 1, 0)
-        };
+        let rejected = rejecting(cell(Monotonic, 1, 0));
         let (_, _, violations) = render_cells(vec![
             ("etcd", "lease-revoke", no_takeover),
             ("memory", "pause", rejected),

@@ -3,7 +3,9 @@
 
 use std::sync::Arc;
 
+use futures_util::TryStreamExt as _;
 use futures_util::future::join_all;
+use redis::AsyncCommands as _;
 
 use crate::harness::BoxError;
 
@@ -50,28 +52,18 @@ async fn redis_keys_with_ttl(url: &str, needle: &str) -> Result<u64, BoxError> {
     let mut c = redis::Client::open(url)?
         .get_multiplexed_async_connection()
         .await?;
-    let mut cursor: u64 = 0;
+    let keys: Vec<String> = {
+        let iter = c.scan_match::<_, String>(format!("*{needle}*")).await?;
+        iter.try_collect().await?
+    };
     let mut n = 0;
-    loop {
-        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(format!("*{needle}*"))
-            .arg("COUNT")
-            .arg(1000)
-            .query_async(&mut c)
-            .await?;
-        for k in keys {
-            let pttl: i64 = redis::cmd("PTTL").arg(&k).query_async(&mut c).await?;
-            if pttl >= 0 {
-                n += 1;
-            }
+    for k in keys {
+        // Lock keys carry a TTL; fencing counters carry none (-1).
+        if c.pttl::<_, i64>(&k).await? >= 0 {
+            n += 1;
         }
-        if next == 0 {
-            return Ok(n);
-        }
-        cursor = next;
     }
+    Ok(n)
 }
 
 async fn pg_advisory_locks(conninfo: &str, app: &str) -> Result<u64, BoxError> {

@@ -85,8 +85,8 @@ impl<P> Dl<P> {
 }
 
 impl DlRedis {
-    pub(crate) async fn connect(urls: &[String], prefix: String) -> Result<Self, BoxError> {
-        let builder = distributed_lock_redis::RedisLockProvider::builder().urls(urls);
+    pub(crate) async fn connect(urls: Vec<String>, prefix: String) -> Result<Self, BoxError> {
+        let builder = distributed_lock_redis::RedisLockProvider::builder().urls(&urls);
         let made = builder.expiry(TTL).build().await;
         Self::new(made, prefix, "distributed-lock-redis")
     }

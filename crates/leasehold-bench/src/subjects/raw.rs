@@ -27,12 +27,12 @@ const RELEASE_LUA: &str =
 
 impl RawRedis {
     pub(crate) async fn connect(
-        urls: &[String],
+        urls: Vec<String>,
         prefix: String,
         node_timeout: Duration,
     ) -> Result<Self, BoxError> {
         let mut conns = Vec::new();
-        for u in urls {
+        for u in &urls {
             conns.push(
                 redis::Client::open(u.as_str())?
                     .get_multiplexed_async_connection()
@@ -272,7 +272,7 @@ const RAW_LEASE_TTL: i64 = 120;
 
 impl RawEtcd {
     /// Locks on one lease granted now.
-    pub(crate) async fn connect(endpoints: &[String], prefix: String) -> Result<Self, BoxError> {
+    pub(crate) async fn connect(endpoints: Vec<String>, prefix: String) -> Result<Self, BoxError> {
         let client = etcd_client::Client::connect(endpoints, None).await?;
         let lease = client.lease_client().grant(RAW_LEASE_TTL, None).await?.id();
         Ok(Self {
@@ -285,7 +285,7 @@ impl RawEtcd {
 
     /// A lease granted per lock, its id pushed to `leases`.
     pub(crate) async fn lease_per_lock(
-        endpoints: &[String],
+        endpoints: Vec<String>,
         prefix: String,
         leases: Arc<std::sync::Mutex<Vec<i64>>>,
     ) -> Result<Self, BoxError> {
