@@ -2,7 +2,7 @@
 //! to it, N times ([`trial`]), watched by the real-time checker of [`check`].
 //!
 //! The checker counts, per trial, whether two holders overlapped and which stale writes the
-//! plain and the fenced store accepted; [`render`] tallies the cells and checks the invariants
+//! plain and the fenced store accepted; [`render()`] tallies the cells and checks the invariants
 //! of [`model`].
 //!
 //! Destructive Redis faults (restart, clock jump) hit the dedicated nodes `safety1..3` of

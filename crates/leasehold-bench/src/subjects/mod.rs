@@ -1,6 +1,6 @@
 //! The one set of implementations ("subjects") every measurement runs: leasehold's backends
 //! through `Locker` ([`Ours`]), the raw protocol cycles ([`raw`], one client per protocol) and
-//! the peer crates ([`peers`], with `--features peers`), with how to count what each left on
+//! the peer crates (`peers`, with `--features peers`), with how to count what each left on
 //! the servers ([`Count`]).
 //!
 //! A [`Client`] is what one task (or one process) holds: a `Locker`, a connection, a peer
