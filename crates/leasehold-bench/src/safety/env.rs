@@ -24,6 +24,8 @@ pub(super) const CLOCK_NODE: usize = 2;
 /// Index of the node the restart faults restart (safety2 for Redlock; safety1 serves the
 /// single-node backend).
 pub(super) const RESTART_NODE: usize = 1;
+/// The `application_name` of the trials' PostgreSQL sessions.
+pub(super) const SAFETY_APP: &str = "leasehold-bench-safety";
 pub(super) const ETCD_CLUSTER_NODES: [&str; 3] = ["etcd-c1", "etcd-c2", "etcd-c3"];
 
 /// Where the servers are, and what every trial of a run shares.
@@ -134,7 +136,7 @@ impl Spec {
                     Spec::Postgres(url) => {
                         let cfg = PostgresConfig::from_url(&url)?
                             .with_health(HEALTH, HEALTH)?
-                            .with_application_name("leasehold-bench-safety");
+                            .with_application_name(SAFETY_APP);
                         Locker::new(PostgresBackend::connect(cfg).await?)
                     }
                     Spec::Etcd { endpoints, session } => {

@@ -9,7 +9,7 @@ use std::time::Duration;
 use leasehold_postgres::{advisory_key, pg_locks_ids};
 use leasehold_test_support::services::{self, NodeAction};
 
-use super::env::{ETCD_CLUSTER_NODES, Env, SAFETY_CLOCK_VAR, opt};
+use super::env::{ETCD_CLUSTER_NODES, Env, SAFETY_APP, SAFETY_CLOCK_VAR, opt};
 use crate::harness::BoxError;
 
 /// Runs `scripts/services ACTION NODE` for any node, including the dedicated ones.
@@ -63,24 +63,25 @@ pub(super) fn replace_file(file: &Path, contents: &[u8]) -> Result<(), BoxError>
     Ok(written?)
 }
 
-/// `pg_terminate_backend` of the session holding `key`'s advisory lock.
+/// `pg_terminate_backend` of the session holding `key`'s advisory lock: one of the trial's
+/// own sessions (named [`SAFETY_APP`]), never another client's of the shared server.
 pub(super) async fn terminate(url: &str, key: &str) -> Result<(), BoxError> {
     let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
     let conn = tokio::spawn(conn);
     let (classid, objid) = pg_locks_ids(advisory_key(key));
-    let rows = client
+    let terminated = client
         .query(
-            "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' \
-             AND granted AND classid = $1 AND objid = $2 AND objsubid = 1",
-            &[&classid, &objid],
+            "SELECT pg_terminate_backend(a.pid) FROM pg_stat_activity a \
+             JOIN pg_locks l ON l.pid = a.pid AND l.locktype = 'advisory' AND l.granted \
+             WHERE a.application_name = $3 AND (l.classid, l.objid, l.objsubid) = ($1, $2, 1)",
+            &[&classid, &objid, &SAFETY_APP],
         )
-        .await?;
+        .await;
     drop(client);
     let _ = conn.await;
-    if rows.len() == 1 {
-        Ok(())
-    } else {
-        Err(format!("expected one session holding {key:?}, found {}", rows.len()).into())
+    match terminated?.len() {
+        1 => Ok(()),
+        n => Err(format!("expected one session holding {key:?}, found {n}").into()),
     }
 }
 
