@@ -16,10 +16,10 @@ fn fmt_ms(d: Option<Duration>) -> String {
     d.map(ms).unwrap_or_else(|| "–".into())
 }
 
-/// A duration in µs below 0.1 ms (the LockLayer group's requests), else in ms.
+/// A duration in µs below 10 µs (the LockLayer group's requests), else in ms.
 fn fmt_fine(d: Option<Duration>) -> String {
     match d {
-        Some(d) if d < Duration::from_micros(100) => format!("{:.2} µs", d.as_secs_f64() * 1e6),
+        Some(d) if d < Duration::from_micros(10) => format!("{:.2} µs", d.as_secs_f64() * 1e6),
         other => fmt_ms(other),
     }
 }
