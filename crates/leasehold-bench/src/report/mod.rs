@@ -56,13 +56,13 @@ impl Table {
 #[derive(Debug, Clone)]
 pub(crate) struct Provenance {
     /// The command line, as run.
-    pub(crate) command: String,
+    command: String,
     /// The crate features the program was built with, said in words (empty without).
-    pub(crate) built: String,
+    built: String,
     /// `git rev-parse --short HEAD`, with `+dirty` when the work tree has changes.
-    pub(crate) commit: String,
+    commit: String,
     /// When the run started (UTC, to the second).
-    pub(crate) date: String,
+    date: String,
 }
 
 impl Provenance {
