@@ -1,13 +1,11 @@
-//! What every suite shares: interleaved measurement, the chosen runtimes, and the report files.
+//! What every measurement shares: interleaved rounds, holds, contention grants, and the
+//! Tokio runtimes measured on.
 
 use std::error::Error;
-use std::path::Path;
 
 use tokio::runtime::Runtime;
 use tokio::time::Instant;
 
-use crate::Runtimes;
-use crate::report::{self, Bar, Table};
 use crate::stats::{Grant, Summary};
 
 /// The error of a benchmark run.
@@ -81,12 +79,22 @@ where
     Ok(grants)
 }
 
-/// The Tokio runtimes chosen on the command line, with their names, built one at a time.
-pub(crate) fn runtimes(choice: Runtimes) -> Vec<&'static str> {
-    match choice {
-        Runtimes::Both => vec!["multi-thread", "current-thread"],
-        Runtimes::MultiThread => vec!["multi-thread"],
-        Runtimes::CurrentThread => vec!["current-thread"],
+/// Which Tokio runtime(s) to measure on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Runtimes {
+    Both,
+    MultiThread,
+    CurrentThread,
+}
+
+impl Runtimes {
+    /// The names of the runtimes chosen, each built when its turn comes ([`runtime`]).
+    pub(crate) fn names(self) -> Vec<&'static str> {
+        match self {
+            Self::Both => vec!["multi-thread", "current-thread"],
+            Self::MultiThread => vec!["multi-thread"],
+            Self::CurrentThread => vec!["current-thread"],
+        }
     }
 }
 
@@ -102,47 +110,6 @@ pub(crate) fn runtime(flavour: &str) -> Result<Runtime, BoxError> {
             .build()?
     };
     Ok(rt)
-}
-
-/// A suite's output: tables printed as they come, then `<name>.md` and `<name>.svg`.
-pub(crate) struct Report {
-    name: &'static str,
-    markdown: String,
-    bars: Vec<Bar>,
-}
-
-impl Report {
-    pub(crate) fn new(name: &'static str) -> Self {
-        Self {
-            name,
-            markdown: format!("## leasehold-bench {name}\n\n"),
-            bars: Vec::new(),
-        }
-    }
-
-    /// Prints a table and keeps it for the file.
-    pub(crate) fn table(&mut self, t: &Table) {
-        let md = t.markdown();
-        println!("{md}");
-        self.markdown.push_str(&md);
-        self.markdown.push('\n');
-    }
-
-    /// Keeps bars for the chart.
-    pub(crate) fn bars(&mut self, bars: impl IntoIterator<Item = Bar>) {
-        self.bars.extend(bars);
-    }
-
-    /// Writes `<out>/<name>.md` and `<out>/<name>.svg`.
-    pub(crate) fn write(&self, out: &Path, chart_title: &str) -> Result<(), BoxError> {
-        std::fs::create_dir_all(out)?;
-        let md = out.join(format!("{}.md", self.name));
-        let svg = out.join(format!("{}.svg", self.name));
-        std::fs::write(&md, &self.markdown)?;
-        report::chart(&svg, chart_title, &self.bars).map_err(|e| e.to_string())?;
-        eprintln!("wrote {} and {}", md.display(), svg.display());
-        Ok(())
-    }
 }
 
 #[cfg(test)]

@@ -4,6 +4,19 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+/// One acquisition in a contention run.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Grant {
+    /// The task that took it.
+    pub(crate) task: usize,
+    /// When it asked.
+    pub(crate) asked: Instant,
+    /// When it was granted.
+    pub(crate) got: Instant,
+    /// When it released.
+    pub(crate) freed: Instant,
+}
+
 /// p50, p99 and rate of a set of cycle latencies.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Summary {
@@ -35,10 +48,13 @@ impl Summary {
 }
 
 /// The median and range of a few figures (one per repeat of a measurement).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct Spread {
+    /// The middle figure (the mean of the two middle ones for an even count).
     pub(crate) median: f64,
+    /// The smallest figure.
     pub(crate) min: f64,
+    /// The largest figure.
     pub(crate) max: f64,
 }
 
@@ -79,66 +95,6 @@ impl Spread {
 /// Formats a duration in ms with three decimals.
 pub(crate) fn ms(d: Duration) -> String {
     format!("{:.3} ms", d.as_secs_f64() * 1e3)
-}
-
-/// One acquisition in a contention run.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Grant {
-    /// The task that took it.
-    pub(crate) task: usize,
-    /// When it asked.
-    pub(crate) asked: Instant,
-    /// When it was granted.
-    pub(crate) got: Instant,
-    /// When it released.
-    pub(crate) freed: Instant,
-}
-
-/// What the grants of a contention run show.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Contention {
-    /// How many grants.
-    pub(crate) grants: usize,
-    /// Median handoff: from a release to the next grant when that goes to another task (none
-    /// when there was no such handoff).
-    pub(crate) handoff_p50: Option<Duration>,
-    /// The longest any grant waited (none without grants).
-    pub(crate) longest_wait: Option<Duration>,
-    /// Percentage of grants that went to the task that had just released.
-    pub(crate) straight_back_pct: f64,
-    /// The last pair of grants that overlapped (two holders at once), said in words.
-    pub(crate) overlap: Option<String>,
-}
-
-impl Contention {
-    pub(crate) fn of(mut grants: Vec<Grant>) -> Self {
-        grants.sort_by_key(|g| g.got);
-        let mut handoffs = Vec::new();
-        let mut same = 0;
-        let mut overlap = None;
-        for w in grants.windows(2) {
-            if w[1].got < w[0].freed {
-                overlap = Some(format!(
-                    "two holders at once: task {} was granted {:?} before task {} released",
-                    w[1].task,
-                    w[0].freed - w[1].got,
-                    w[0].task
-                ));
-            }
-            if w[1].task == w[0].task {
-                same += 1;
-            } else {
-                handoffs.push(w[1].got.saturating_duration_since(w[0].freed));
-            }
-        }
-        Self {
-            grants: grants.len(),
-            handoff_p50: (!handoffs.is_empty()).then(|| Summary::of(handoffs).p50),
-            longest_wait: grants.iter().map(|g| g.got - g.asked).max(),
-            straight_back_pct: 100.0 * same as f64 / grants.len().saturating_sub(1).max(1) as f64,
-            overlap,
-        }
-    }
 }
 
 #[cfg(test)]

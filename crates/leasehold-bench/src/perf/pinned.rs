@@ -1,9 +1,10 @@
-//! PostgreSQL: our try-acquire + release cycle (with its fencing token) against the raw
-//! prepared `pg_try_advisory_lock` + `pg_advisory_unlock` cycle on one connection (with and
-//! without the token, and on a second connection as a control), our driver without `Locker`,
-//! and with `--features peers` sqlx's `PgAdvisoryLock` and distributed-lock-postgres, over TCP
-//! and over the unix socket of `scripts/services`. The bench and the server are pinned to
-//! different CPUs ([`Placement`]) and every cell is measured `--repeats` times.
+//! The pinned PostgreSQL groups (`postgres-tcp-pinned`, `postgres-unix-pinned`): our
+//! try-acquire + release cycle (with its fencing token) against the raw prepared
+//! `pg_try_advisory_lock` + `pg_advisory_unlock` cycle on one connection (with and without the
+//! token, and on a second connection as a control), our driver without `Locker`, and with
+//! `--features peers` sqlx's `PgAdvisoryLock` and distributed-lock-postgres. The bench and the
+//! server are pinned to different CPUs ([`Placement`]) and every figure is the median of
+//! `--repeats` measurements, each on new connections.
 
 use std::time::Duration;
 
@@ -15,30 +16,15 @@ use leasehold_test_support::services::{self, Service};
 #[cfg(feature = "peers")]
 use sqlx::Connection as _;
 #[cfg(feature = "peers")]
-use sqlx::postgres::{PgAdvisoryLock, PgConnectOptions, PgConnection};
+use sqlx::postgres::{PgAdvisoryLock, PgConnection};
 use tokio::time::Instant;
+
+use super::model::{Params, Row, Scenario};
+use crate::harness::{BoxError, interleaved, runtime};
+use crate::stats::{Spread, Summary};
 #[cfg(feature = "peers")]
-use tokio_postgres::config::Host;
-
-use crate::Cli;
-use crate::harness::{BoxError, Report, interleaved, runtime, runtimes};
-use crate::perf::subject::RawPg;
-use crate::report::{Bar, Table};
-use crate::stats::{Spread, Summary, ms};
-
-/// What one run of `leasehold-bench postgres` measures.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Params {
-    /// Sequential cycles per implementation, transport and repeat.
-    pub(crate) iterations: usize,
-    /// Measurements per transport and runtime, each on new connections.
-    pub(crate) repeats: usize,
-    /// Whether to pin the bench and PostgreSQL to different CPUs (see [`Placement`]).
-    pub(crate) pin: bool,
-}
-
-/// The transport names `--transports` accepts.
-pub(crate) const TRANSPORTS: [&str; 2] = ["tcp", "unix"];
+use crate::subjects::peers;
+use crate::subjects::raw::RawPg;
 
 const TTL: Duration = Duration::from_secs(30);
 
@@ -95,6 +81,15 @@ fn at(c: Cycle) -> usize {
 }
 
 impl Cycle {
+    fn kind(self) -> &'static str {
+        match self {
+            Self::Ours | Self::Driver => "ours",
+            Self::Raw | Self::RawToken | Self::RawTokenB => "raw",
+            #[cfg(feature = "peers")]
+            Self::Sqlx | Self::DlPostgres => "peer",
+        }
+    }
+
     fn label(self) -> &'static str {
         match self {
             Self::Ours => "leasehold PostgresBackend try_acquire + release (with fencing token)",
@@ -110,20 +105,6 @@ impl Cycle {
             Self::Sqlx => "sqlx 0.9 PgAdvisoryLock try_acquire + release_now",
             #[cfg(feature = "peers")]
             Self::DlPostgres => "distributed-lock-postgres 0.2 try_acquire + release",
-        }
-    }
-
-    fn short(self) -> &'static str {
-        match self {
-            Self::Ours => "leasehold",
-            Self::Raw => "raw try+unlock",
-            Self::RawToken => "raw try+nextval+unlock",
-            Self::RawTokenB => "raw try+nextval+unlock, 2nd connection",
-            Self::Driver => "leasehold driver only",
-            #[cfg(feature = "peers")]
-            Self::Sqlx => "sqlx PgAdvisoryLock",
-            #[cfg(feature = "peers")]
-            Self::DlPostgres => "distributed-lock-postgres",
         }
     }
 }
@@ -146,7 +127,7 @@ struct Fixture {
     #[cfg(feature = "peers")]
     sqlx_lock: PgAdvisoryLock,
     #[cfg(feature = "peers")]
-    dl: crate::perf::peers::DlPostgres,
+    dl: peers::DlPostgres,
 }
 
 impl Fixture {
@@ -164,10 +145,10 @@ impl Fixture {
             RawPg::connect_with_token(conninfo, RAW_APP, prefix.clone(), Some(&seq)).await?;
 
         #[cfg(feature = "peers")]
-        let sqlx = PgConnection::connect_with(&sqlx_options(conninfo)?).await?;
+        let sqlx = PgConnection::connect_with(&peers::sqlx_options(conninfo)?).await?;
         #[cfg(feature = "peers")]
-        let dl = crate::perf::peers::DlPostgres::connect(
-            &crate::perf::peers::sqlx08_url(conninfo, "leasehold-bench")?,
+        let dl = peers::DlPostgres::connect(
+            &peers::sqlx08_url(conninfo, "leasehold-bench")?,
             format!("{prefix}dl/"),
         )
         .await?;
@@ -229,149 +210,142 @@ impl Fixture {
             },
             #[cfg(feature = "peers")]
             Cycle::DlPostgres => {
-                crate::perf::subject::Client::cycle(&self.dl, "cycle").await?;
+                crate::subjects::Lock::cycle(&self.dl, "cycle").await?;
             }
         }
         Ok(())
     }
 }
 
-#[cfg(feature = "peers")]
-/// sqlx connect options from a URL or a libpq key=value string (via tokio-postgres' parser).
-pub(crate) fn sqlx_options(conninfo: &str) -> Result<PgConnectOptions, BoxError> {
-    let pg: tokio_postgres::Config = conninfo.parse()?;
-    let mut opts = PgConnectOptions::new_without_pgpass();
-    match pg.get_hosts().first() {
-        Some(Host::Tcp(h)) => opts = opts.host(h),
-        Some(Host::Unix(dir)) => opts = opts.socket(dir),
-        None => return Err("no host in the connection string".into()),
-    }
-    if let Some(port) = pg.get_ports().first() {
-        opts = opts.port(*port);
-    }
-    if let Some(user) = pg.get_user() {
-        opts = opts.username(user);
-    }
-    if let Some(password) = pg.get_password() {
-        opts = opts.password(std::str::from_utf8(password)?);
-    }
-    if let Some(db) = pg.get_dbname() {
-        opts = opts.database(db);
-    }
-    Ok(opts)
+/// The ratios the pinned table gives, as `(numerator, denominator, what)`.
+fn ratios() -> Vec<(Cycle, Cycle, &'static str)> {
+    #[cfg_attr(not(feature = "peers"), allow(unused_mut))]
+    let mut v = vec![
+        (Cycle::Ours, Cycle::Raw, "ours / raw try + unlock"),
+        (Cycle::RawToken, Cycle::Raw, "raw with token / raw"),
+        (
+            Cycle::RawTokenB,
+            Cycle::RawToken,
+            "control: 2nd connection / 1st",
+        ),
+        (
+            Cycle::Driver,
+            Cycle::RawToken,
+            "driver only / raw with the same token",
+        ),
+    ];
+    #[cfg(feature = "peers")]
+    v.extend([
+        (Cycle::Sqlx, Cycle::Raw, "sqlx / raw"),
+        (
+            Cycle::DlPostgres,
+            Cycle::Raw,
+            "distributed-lock-postgres / raw",
+        ),
+    ]);
+    v
 }
 
 /// One transport, on the current runtime: `p.repeats` measurements, each on new connections
-/// (so on new server processes); a table of the medians over the repeats, and the chart's bars.
-async fn transport(
-    p: Params,
+/// (so on new server processes); a row per cycle with the medians over the repeats.
+/// `placement` says where the bench and the server ran.
+pub(super) async fn run(
+    p: &Params,
     rt: &str,
-    name: &str,
-    conninfo: &str,
+    group: &str,
+    service: Service,
     placement: &str,
-) -> Result<(Table, Vec<Bar>), BoxError> {
+) -> Vec<Row> {
+    let base = Row {
+        runtime: rt.to_owned(),
+        group: format!("{group} ({placement})"),
+        scenario: Scenario::Repeated,
+        concurrency: 1,
+        ..Row::default()
+    };
+    match measure(p, service).await {
+        Ok(runs) => rows(&runs, &base, p.pinned_iterations),
+        Err(e) => vec![Row {
+            label: "(pinned PostgreSQL cycles)".into(),
+            kind: "ours",
+            error: Some(e.to_string()),
+            ..base
+        }],
+    }
+}
+
+/// The summaries of every repeat, one per cycle of [`CYCLES`] each.
+async fn measure(p: &Params, service: Service) -> Result<Vec<Vec<Summary>>, BoxError> {
+    let conninfo = services::lookup(service)?.url().to_owned();
     // Warm-up: idle sessions, prepared statements, the server's caches.
-    let warmup = (p.iterations / 10).clamp(1, 50);
-    let repeats = p.repeats.max(1);
-    let mut runs = Vec::with_capacity(repeats);
-    for _ in 0..repeats {
-        let mut fx = Fixture::new(conninfo).await?;
-        let s = interleaved(p.iterations, CYCLES.len(), warmup, async |i| {
+    let warmup = (p.pinned_iterations / 10).clamp(1, 50);
+    let mut runs = Vec::new();
+    for _ in 0..p.repeats.max(1) {
+        let mut fx = Fixture::new(&conninfo).await?;
+        let s = interleaved(p.pinned_iterations, CYCLES.len(), warmup, async |i| {
             fx.cycle(CYCLES[i]).await
         })
         .await?;
         runs.push(s);
     }
+    Ok(runs)
+}
+
+/// A row per cycle: medians over the repeats, and the cycle's ratio.
+fn rows(runs: &[Vec<Summary>], base: &Row, iterations: usize) -> Vec<Row> {
     let median_of = |f: &dyn Fn(&[Summary]) -> f64| {
         let mut xs: Vec<f64> = runs.iter().map(|r| f(r)).collect();
         Spread::of(&mut xs)
     };
-    let mut t = Table::new(
-        &format!(
-            "PostgreSQL over {name}: lock + unlock cycle ({rt} runtime, {} cycles each, \
-             {repeats} repeats)",
-            p.iterations
-        ),
-        &[
-            "implementation",
-            "p50",
-            "p99",
-            "cycles/s",
-            "p50 vs raw (median [range] of repeats)",
-        ],
-    );
-    let raw = at(Cycle::Raw);
-    let mut bars = Vec::new();
-    for (i, c) in CYCLES.iter().enumerate() {
-        let p50 = median_of(&|r| r[i].p50.as_secs_f64());
-        let p99 = median_of(&|r| r[i].p99.as_secs_f64());
-        let rate = median_of(&|r| r[i].per_sec);
-        let ratio = median_of(&|r| r[i].p50.as_secs_f64() / r[raw].p50.as_secs_f64());
-        t.row(vec![
-            c.label().to_owned(),
-            secs_ms(p50.median),
-            secs_ms(p99.median),
-            format!("{:.0}", rate.median),
-            ratio.times(),
-        ]);
-        bars.push(Bar {
-            label: format!("pg {name}: {} ({rt})", c.short()),
-            ms: p50.median * 1e3,
-        });
-    }
-    let ours = at(Cycle::Ours);
-    let token = at(Cycle::RawToken);
-    let vs = |a: usize, b: usize| median_of(&|r| r[a].p50.as_secs_f64() / r[b].p50.as_secs_f64());
-    t.note(format!(
-        "Ours / raw prepared try + unlock, p50: **{}** (target ≤ 1.1×); ours / raw with the \
-         same one-statement token: **{}** (the driver alone, without `Locker`: **{}**); \
-         control, the raw cycle with token on a second connection / on the first: **{}**. \
-         Each repeat measures every implementation in alternating rounds on new connections; \
-         figures are medians over the repeats, with their range. Ours returns a fencing \
-         token, registers a health check for the lease and checks `pg_advisory_unlock`'s \
-         answer; the raw cycles do the last only. {placement}",
-        vs(ours, raw).times(),
-        vs(ours, token).times(),
-        vs(at(Cycle::Driver), token).times(),
-        vs(at(Cycle::RawTokenB), token).times(),
-    ));
-    #[cfg(feature = "peers")]
-    t.note(format!(
-        "sqlx PgAdvisoryLock / raw: **{}**; distributed-lock-postgres / raw: **{}**; ours / \
-         distributed-lock-postgres: **{}**.",
-        vs(at(Cycle::Sqlx), raw).times(),
-        vs(at(Cycle::DlPostgres), raw).times(),
-        vs(ours, at(Cycle::DlPostgres)).times(),
-    ));
-    #[cfg(not(feature = "peers"))]
-    t.note("Peer crates (sqlx's PgAdvisoryLock, distributed-lock-postgres) not measured: build with `--features peers` to include them.".to_owned());
-    Ok((t, bars))
-}
-
-fn secs_ms(secs: f64) -> String {
-    ms(Duration::from_secs_f64(secs))
+    let secs = |x: f64| Some(Duration::from_secs_f64(x));
+    let ratios = ratios();
+    CYCLES
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let ratio = ratios.iter().find(|(a, _, _)| a == c).map(|&(a, b, what)| {
+                let (a, b) = (at(a), at(b));
+                let s = median_of(&|r| r[a].p50.as_secs_f64() / r[b].p50.as_secs_f64());
+                (s, what.to_owned())
+            });
+            Row {
+                label: c.label().to_owned(),
+                kind: c.kind(),
+                cycles: iterations * runs.len(),
+                p50: secs(median_of(&|r| r[i].p50.as_secs_f64()).median),
+                p99: secs(median_of(&|r| r[i].p99.as_secs_f64()).median),
+                per_sec: Some(median_of(&|r| r[i].per_sec).median),
+                ratio,
+                ..base.clone()
+            }
+        })
+        .collect()
 }
 
 /// Where the bench and the server run: on a machine with two CPUs or more, the bench on the
 /// first CPU it may use and PostgreSQL (postmaster and backends, via `scripts/services pin`) on
-/// the last, restored to every CPU when dropped. On a 2-vCPU machine the ratio of two cycles
-/// otherwise depends on which vCPU the scheduler gives each connection's server process (two
-/// identical raw connections were seen 0.5–1.9× apart).
-struct Placement {
-    /// Said under every table.
-    note: String,
-    pinned: bool,
+/// the last, both restored to every CPU when dropped. On a 2-vCPU machine the ratio of two
+/// cycles otherwise depends on which vCPU the scheduler gives each connection's server process
+/// (two identical raw connections were seen 0.5–1.9× apart). Runtimes built while it lives
+/// inherit the bench's CPU.
+pub(super) struct Placement {
+    /// Said with every row of the pinned groups.
+    pub(super) note: String,
+    /// The bench's CPU mask before, when it pinned anything.
+    restore: Option<nix::sched::CpuSet>,
 }
 
 impl Placement {
-    fn new(pin: bool) -> Result<Self, BoxError> {
+    /// Pins when `pin` and there are two CPUs or more.
+    pub(super) fn new(pin: bool) -> Result<Self, BoxError> {
         use nix::sched::{CpuSet, sched_getaffinity, sched_setaffinity};
         use nix::unistd::Pid;
+        let unpinned = |note: &str| Self {
+            note: note.to_owned(),
+            restore: None,
+        };
         if !pin {
-            return Ok(Self {
-                note: "CPU placement left to the scheduler (`--no-pin`).".to_owned(),
-                pinned: false,
-            });
+            return Ok(unpinned("CPU placement left to the scheduler"));
         }
         let allowed = sched_getaffinity(Pid::from_raw(0))?;
         let cpus: Vec<usize> = (0..CpuSet::count())
@@ -381,21 +355,14 @@ impl Placement {
             return Err("no CPU in this process's affinity mask".into());
         };
         if client == server {
-            return Ok(Self {
-                note: "One CPU: the bench and PostgreSQL share it.".to_owned(),
-                pinned: false,
-            });
+            return Ok(unpinned("one CPU, shared"));
         }
         let rt = runtime("current-thread")?;
         rt.block_on(services::pin_node("postgres", &server.to_string()))?;
         let placement = Self {
-            note: format!(
-                "The bench ran on CPU {client}, PostgreSQL (postmaster and backends) on CPU \
-                 {server}."
-            ),
-            pinned: true,
+            note: format!("bench on CPU {client}, PostgreSQL on CPU {server}"),
+            restore: Some(allowed),
         };
-        // The runtimes are built after this: their threads inherit the main thread's mask.
         let mut mine = CpuSet::new();
         mine.set(client)?;
         sched_setaffinity(Pid::from_raw(0), &mine)?;
@@ -405,9 +372,10 @@ impl Placement {
 
 impl Drop for Placement {
     fn drop(&mut self) {
-        if !self.pinned {
+        let Some(mask) = self.restore.take() else {
             return;
-        }
+        };
+        let _ = nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &mask);
         let restored = runtime("current-thread")
             .and_then(|rt| Ok(rt.block_on(services::pin_node("postgres", "all"))?));
         if let Err(e) = restored {
@@ -417,32 +385,4 @@ impl Drop for Placement {
             );
         }
     }
-}
-
-/// `leasehold-bench postgres`: the chosen transports on the chosen runtimes; prints Markdown
-/// and writes `postgres.md` and `postgres.svg` to the output folder.
-pub(crate) fn main(cli: &Cli, p: Params, transports: &[String]) -> Result<(), BoxError> {
-    for t in transports {
-        if !TRANSPORTS.contains(&t.as_str()) {
-            return Err(format!("unknown transport {t:?}; expected some of {TRANSPORTS:?}").into());
-        }
-    }
-    let placement = Placement::new(p.pin)?;
-    let mut report = Report::new("postgres");
-    for flavour in runtimes(cli.runtime) {
-        let rt = runtime(flavour)?;
-        for (short, name, service) in [
-            ("tcp", "TCP (127.0.0.1)", Service::Postgres),
-            ("unix", "the unix socket", Service::PostgresSocket),
-        ] {
-            if !transports.iter().any(|t| t == short) {
-                continue;
-            }
-            let conninfo = services::lookup(service)?.url().to_owned();
-            let (t, b) = rt.block_on(transport(p, flavour, name, &conninfo, &placement.note))?;
-            report.table(&t);
-            report.bars(b);
-        }
-    }
-    report.write(&cli.out, "PostgreSQL lock cycle p50 (lower is better)")
 }

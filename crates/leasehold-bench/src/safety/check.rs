@@ -51,6 +51,14 @@ pub(crate) struct Writes {
     pub(crate) rightful_rejected: u32,
 }
 
+impl std::ops::AddAssign for Writes {
+    fn add_assign(&mut self, other: Self) {
+        self.stale_plain += other.stale_plain;
+        self.stale_fenced += other.stale_fenced;
+        self.rightful_rejected += other.rightful_rejected;
+    }
+}
+
 /// The record of one trial: grants, holder intervals and both stores.
 #[derive(Debug)]
 pub(crate) struct Trial {
@@ -416,48 +424,38 @@ mod tests {
         Some(FencingToken::new(n))
     }
 
-    #[test]
-    fn a_write_after_a_newer_grant_is_stale_and_only_fencing_stops_it() {
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    /// The counts of stale writes without and with fencing, and rightful writes rejected.
+    fn counts(t: &Trial) -> (u32, u32, u32) {
+        let w = t.writes();
+        (w.stale_plain, w.stale_fenced, w.rightful_rejected)
+    }
+
+    /// A is granted (token `a_token`) and writes; B is granted 1 ms later (`b_token`) and
+    /// writes; then A writes again. What the two stores made of it.
+    fn a_then_b_then_a(a_token: u64, b_token: u64) -> (u32, u32, u32) {
         let t = Trial::new("r");
         let t0 = Instant::now();
-        let a = t.grant("A", t0, t0, token(5));
+        let a = t.grant("A", t0, t0, token(a_token));
         assert!(!t.write(a), "no newer grant yet");
-        let b = t.grant(
-            "B",
-            t0 + Duration::from_millis(1),
-            t0 + Duration::from_millis(1),
-            token(6),
-        );
-        std::thread::sleep(Duration::from_millis(2));
-        assert!(!t.write(b));
+        let b = t.grant("B", t0 + ms(1), t0 + ms(1), token(b_token));
+        std::thread::sleep(ms(2));
+        assert!(!t.write(b), "the newest holder's write is not stale");
         assert!(t.write(a), "A wrote after B was granted");
-        let w = t.writes();
-        assert_eq!(
-            (w.stale_plain, w.stale_fenced, w.rightful_rejected),
-            (1, 0, 0)
-        );
+        counts(&t)
+    }
+
+    #[test]
+    fn a_write_after_a_newer_grant_is_stale_and_only_fencing_stops_it() {
+        assert_eq!(a_then_b_then_a(5, 6), (1, 0, 0));
     }
 
     #[test]
     fn a_token_that_went_back_lets_the_stale_write_through() {
-        let t = Trial::new("r");
-        let t0 = Instant::now();
-        let a = t.grant("A", t0, t0, token(3));
-        assert!(!t.write(a));
-        let b = t.grant(
-            "B",
-            t0 + Duration::from_millis(1),
-            t0 + Duration::from_millis(1),
-            token(1),
-        );
-        std::thread::sleep(Duration::from_millis(2));
-        assert!(!t.write(b), "the newest holder's write is not stale");
-        assert!(t.write(a));
-        let w = t.writes();
-        assert_eq!(
-            (w.stale_plain, w.stale_fenced, w.rightful_rejected),
-            (1, 1, 1)
-        );
+        assert_eq!(a_then_b_then_a(3, 1), (1, 1, 1));
     }
 
     #[test]
@@ -465,26 +463,16 @@ mod tests {
         let t = Trial::new("r");
         let t0 = Instant::now();
         let a = t.grant("A", t0, t0, None);
-        t.end(a, t0 + Duration::from_millis(10));
-        let b = t.grant(
-            "B",
-            t0 + Duration::from_millis(10),
-            t0 + Duration::from_millis(10),
-            None,
-        );
-        t.end(b, t0 + Duration::from_millis(20));
+        t.end(a, t0 + ms(10));
+        let b = t.grant("B", t0 + ms(10), t0 + ms(10), None);
+        t.end(b, t0 + ms(20));
         assert!(!t.overlapped(), "back to back is not an overlap");
-        let a2 = t.grant(
-            "A",
-            t0 + Duration::from_millis(15),
-            t0 + Duration::from_millis(15),
-            None,
-        );
-        t.end(a2, t0 + Duration::from_millis(30));
+        let a2 = t.grant("A", t0 + ms(15), t0 + ms(15), None);
+        t.end(a2, t0 + ms(30));
         assert!(t.overlapped());
         // An end is never moved later (a loss noticed first stays the end).
-        t.end(a2, t0 + Duration::from_millis(50));
-        assert_eq!(t.grants()[a2].end, Some(t0 + Duration::from_millis(30)));
+        t.end(a2, t0 + ms(50));
+        assert_eq!(t.grants()[a2].end, Some(t0 + ms(30)));
     }
 
     #[test]
@@ -493,15 +481,13 @@ mod tests {
         // first and granted first, but its answer comes after B's.
         let t = Trial::new("r");
         let t0 = Instant::now();
-        let ms = Duration::from_millis;
         let a = t.grant("A", t0, t0 + ms(3), token(5));
         let b = t.grant("B", t0 + ms(1), t0 + ms(2), token(6));
         std::thread::sleep(ms(5));
         assert!(!t.write(b), "B is the newest holder");
         assert!(t.write(a), "A wrote after B, granted after A, was answered");
-        let w = t.writes();
         assert_eq!(
-            (w.stale_plain, w.stale_fenced, w.rightful_rejected),
+            counts(&t),
             (1, 0, 0),
             "answer-time order would count B's write stale and A's rejected write rightful"
         );

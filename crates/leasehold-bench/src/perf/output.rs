@@ -1,0 +1,483 @@
+//! How `leasehold-bench perf` reports its rows: the Markdown tables (one set per runtime),
+//! the CSV, and the SVG charts, all from the same rows.
+
+use std::fmt::Write as _;
+use std::path::Path;
+use std::time::Duration;
+
+use plotters::prelude::{BLUE, Color as _, GREEN, RED, RGBAColor};
+
+use super::model::{HOLD, Params, Row, Scenario};
+use crate::report::charts::{self, Series};
+use crate::report::{Table, csv_text};
+use crate::stats::ms;
+
+fn fmt_ms(d: Option<Duration>) -> String {
+    d.map(ms).unwrap_or_else(|| "–".into())
+}
+
+/// A duration in µs below 10 µs (the LockLayer group's requests), else in ms.
+fn fmt_fine(d: Option<Duration>) -> String {
+    match d {
+        Some(d) if d < Duration::from_micros(10) => format!("{:.2} µs", d.as_secs_f64() * 1e6),
+        other => fmt_ms(other),
+    }
+}
+
+fn fmt_rate(x: Option<f64>) -> String {
+    x.map(|x| format!("{x:.0}")).unwrap_or_else(|| "–".into())
+}
+
+fn ratio(x: Option<f64>, base: Option<f64>) -> String {
+    match (x, base) {
+        (Some(x), Some(b)) if b > 0.0 => format!("{:.2}×", x / b),
+        _ => "–".into(),
+    }
+}
+
+/// The *locks left* cell: the error, or the count.
+fn left(error: Option<&str>, leftovers: Option<u64>) -> String {
+    match (error, leftovers) {
+        (Some(e), _) => format!("**failed**: {}", e.replace('|', "/")),
+        (None, Some(n)) => n.to_string(),
+        (None, None) => "–".into(),
+    }
+}
+
+fn implementation(r: &Row) -> String {
+    format!("{} *({})*", r.label, r.kind)
+}
+
+/// The p50 (cycle) or rate (throughput) of the group's raw row and best peer.
+fn baselines<'a>(
+    rows: &'a [&'a Row],
+    value: impl Fn(&Row) -> Option<f64>,
+    lower_is_better: bool,
+) -> (Option<f64>, Option<f64>) {
+    let raw = rows.iter().find(|r| r.kind == "raw").and_then(|r| value(r));
+    let peers = rows
+        .iter()
+        .filter(|r| r.kind == "peer" && r.error.is_none())
+        .filter_map(|r| value(r));
+    let best = if lower_is_better {
+        peers.fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.min(x))))
+    } else {
+        peers.fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.max(x))))
+    };
+    (raw, best)
+}
+
+/// The rows of one runtime, grouped by group in run order.
+fn by_group<'a>(rows: &'a [Row], rt: &str) -> Vec<(&'a str, Vec<&'a Row>)> {
+    let mut groups: Vec<(&str, Vec<&Row>)> = Vec::new();
+    for r in rows.iter().filter(|r| r.runtime == rt) {
+        match groups.iter_mut().find(|(g, _)| *g == r.group) {
+            Some((_, v)) => v.push(r),
+            None => groups.push((&r.group, vec![r])),
+        }
+    }
+    groups
+}
+
+fn cycle_table(groups: &[(&str, Vec<&Row>)], rt: &str) -> Table {
+    let mut t = Table::new(
+        &format!("Uncontended acquire + release cycle ({rt} runtime)"),
+        &[
+            "backend",
+            "implementation",
+            "p50",
+            "p99",
+            "cycles/s",
+            "p50 vs raw",
+            "p50 vs best peer",
+            "locks left",
+        ],
+    );
+    for (g, rows) in groups {
+        let cyc: Vec<&Row> = rows
+            .iter()
+            .copied()
+            .filter(|r| matches!(r.scenario, Scenario::Cycle | Scenario::Setup))
+            .collect();
+        let (raw, best) = baselines(&cyc, |r| r.p50.map(|d| d.as_secs_f64()), true);
+        for r in &cyc {
+            let p50 = r.p50.map(|d| d.as_secs_f64());
+            t.row(vec![
+                (*g).to_owned(),
+                implementation(r),
+                fmt_ms(r.p50),
+                fmt_ms(r.p99),
+                fmt_rate(r.per_sec),
+                ratio(p50, raw),
+                ratio(p50, best),
+                left(r.error.as_deref(), r.leftovers),
+            ]);
+        }
+    }
+    t.note(
+        "Ratios are against the group's raw protocol cycle and its fastest peer, measured in the \
+         same run with the implementations taking turns. *locks left*: lock keys (or advisory \
+         locks, or etcd keys and leases) the scenario added on the servers, counted right \
+         after it while its clients were still connected (and, when that finds any, once \
+         more a second later, so a release still on the wire does not count)."
+            .to_owned(),
+    );
+    t
+}
+
+/// One throughput line: the rates at each task count, the ratios at the top one.
+fn throughput_cells(
+    p: &Params,
+    g: &str,
+    label: &str,
+    rows: &[&Row],
+    base: (Option<f64>, Option<f64>),
+) -> Vec<String> {
+    let top = p.concurrency.last().copied().unwrap_or(1);
+    let mut cells = vec![g.to_owned(), String::new()];
+    let (mut failed, mut left_total, mut kind, mut top_rate) = (None, None::<u64>, "", None);
+    for &c in &p.concurrency {
+        let r = rows.iter().find(|r| r.label == label && r.concurrency == c);
+        cells.push(match r {
+            Some(r) if r.error.is_none() => fmt_rate(r.per_sec),
+            Some(_) => "failed".into(),
+            None => "–".into(),
+        });
+        let Some(r) = r else { continue };
+        kind = r.kind;
+        failed = failed.or(r.error.as_deref());
+        if let Some(n) = r.leftovers {
+            left_total = Some(left_total.unwrap_or(0) + n);
+        }
+        if c == top {
+            top_rate = r.per_sec;
+        }
+    }
+    cells[1] = format!("{label} *({kind})*");
+    cells.push(ratio(top_rate, base.0));
+    cells.push(ratio(top_rate, base.1));
+    cells.push(left(failed, left_total));
+    cells
+}
+
+fn throughput_table(groups: &[(&str, Vec<&Row>)], rt: &str, p: &Params) -> Table {
+    let top = p.concurrency.last().copied().unwrap_or(1);
+    let mut header = vec!["backend".to_owned(), "implementation".to_owned()];
+    header.extend(p.concurrency.iter().map(|c| format!("C={c} cycles/s")));
+    header.push(format!("vs raw at C={top}"));
+    header.push(format!("vs best peer at C={top}"));
+    header.push("locks left".into());
+    let header: Vec<&str> = header.iter().map(String::as_str).collect();
+    let mut t = Table::new(
+        &format!(
+            "Throughput: C tasks on distinct keys for {:?} each ({rt} runtime)",
+            p.throughput
+        ),
+        &header,
+    );
+    for (g, rows) in groups {
+        let tput: Vec<&Row> = rows
+            .iter()
+            .copied()
+            .filter(|r| r.scenario == Scenario::Throughput)
+            .collect();
+        let at_top: Vec<&Row> = tput
+            .iter()
+            .copied()
+            .filter(|r| r.concurrency == top)
+            .collect();
+        let base = baselines(&at_top, |r| r.per_sec, false);
+        let mut labels: Vec<&str> = Vec::new();
+        for r in &tput {
+            if !labels.contains(&r.label.as_str()) {
+                labels.push(&r.label);
+            }
+        }
+        for l in labels {
+            t.row(throughput_cells(p, g, l, &tput, base));
+        }
+    }
+    t.note(
+        "Shared clients (a `Locker`, a multiplexed connection, a peer's pool) serve all C tasks; \
+         our PostgreSQL backend opens a session per held lock. Each figure is two runs that \
+         alternate with the other implementations of the row's backend; *locks left* sums \
+         over the task counts."
+            .to_owned(),
+    );
+    t
+}
+
+/// A table of one line per row of `scenario`, its cells from `cells`.
+fn line_table(
+    title: String,
+    header: &[&str],
+    groups: &[(&str, Vec<&Row>)],
+    scenario: Scenario,
+    cells: impl Fn(&Row) -> Vec<String>,
+) -> Table {
+    let mut t = Table::new(&title, header);
+    for (g, rows) in groups {
+        for r in rows.iter().filter(|r| r.scenario == scenario) {
+            let mut line = vec![(*g).to_owned(), implementation(r)];
+            line.extend(cells(r));
+            t.row(line);
+        }
+    }
+    t
+}
+
+fn contention_table(groups: &[(&str, Vec<&Row>)], rt: &str, p: &Params) -> Table {
+    let title = format!(
+        "One key, {} clients contending for {:?}, each holding it {HOLD:?} ({rt} runtime)",
+        p.clients, p.contention
+    );
+    let header = [
+        "backend",
+        "implementation",
+        "grants",
+        "handoff p50",
+        "longest wait",
+        "taken straight back",
+        "locks left",
+    ];
+    let mut t = line_table(title, &header, groups, Scenario::Contention, |r| {
+        let back = r.straight_back.map(|x| format!("{x:.0}%"));
+        vec![
+            r.grants.map_or_else(|| "–".into(), |n| n.to_string()),
+            fmt_ms(r.handoff_p50),
+            fmt_ms(r.longest_wait),
+            back.unwrap_or_else(|| "–".into()),
+            left(r.error.as_deref(), r.leftovers),
+        ]
+    });
+    t.note(
+        "Each contender has its own client, as separate processes would. Handoff: from a \
+         release to the next grant to a *different* client. Longest wait: the fairness figure. \
+         \"Taken straight back\": grants that went to the client that had just released. The \
+         raw PostgreSQL row waits in the server's own queue (`pg_advisory_lock` under \
+         `lock_timeout`), a session per client."
+            .to_owned(),
+    );
+    t
+}
+
+fn repeated_table(groups: &[(&str, Vec<&Row>)], rt: &str, p: &Params) -> Table {
+    let title = format!(
+        "Repeated measurements and the servers' own tools ({rt} runtime, {} repeats)",
+        p.repeats.max(1)
+    );
+    let header = [
+        "group",
+        "implementation",
+        "p50 (median)",
+        "p99 (median)",
+        "per second (median)",
+        "ratio: median [range] over repeats",
+    ];
+    let mut t = line_table(title, &header, groups, Scenario::Repeated, |r| {
+        let rate = match &r.error {
+            Some(e) => format!("**failed**: {}", e.replace('|', "/")),
+            None => fmt_rate(r.per_sec),
+        };
+        let ratio = r
+            .ratio
+            .as_ref()
+            .map(|(s, of)| format!("{} {of}", s.times()));
+        let ratio = ratio.unwrap_or_else(|| "–".into());
+        vec![fmt_fine(r.p50), fmt_fine(r.p99), rate, ratio]
+    });
+    t.note(
+        "Each repeat measures every implementation of the group in alternating rounds (the \
+         pinned PostgreSQL groups on new connections, so on new server processes); figures \
+         are medians over the repeats, ratios are the median and range of the per-repeat \
+         ratios. The pinned groups run the bench and PostgreSQL on different CPUs unless \
+         `--no-pin` (or one CPU) says otherwise. The tower-layer figures are times per request \
+         (a round's mean, median over the rounds), ratios the median of per-round ratios. The \
+         redis-benchmark row is one run of the server's own tool, against our cycles on the \
+         same number of tasks."
+            .to_owned(),
+    );
+    t
+}
+
+/// The tables of one runtime (those with rows).
+pub(super) fn tables(rows: &[Row], rt: &str, p: &Params) -> Vec<Table> {
+    let groups = by_group(rows, rt);
+    let has = |s: Scenario| {
+        groups
+            .iter()
+            .any(|(_, v)| v.iter().any(|r| r.scenario == s))
+    };
+    let mut v = Vec::new();
+    if has(Scenario::Cycle) || has(Scenario::Setup) {
+        v.push(cycle_table(&groups, rt));
+    }
+    if has(Scenario::Throughput) {
+        v.push(throughput_table(&groups, rt, p));
+    }
+    if has(Scenario::Contention) {
+        v.push(contention_table(&groups, rt, p));
+    }
+    if has(Scenario::Repeated) {
+        v.push(repeated_table(&groups, rt, p));
+    }
+    v
+}
+
+/// Every row as CSV.
+pub(super) fn csv(rows: &[Row]) -> String {
+    let mut s = String::from(
+        "runtime,group,scenario,implementation,kind,concurrency,cycles,p50_ms,p99_ms,per_sec,\
+         grants,handoff_p50_ms,longest_wait_ms,straight_back_pct,leftovers,ratio_median,\
+         ratio_min,ratio_max,ratio_of,error\n",
+    );
+    let d = |x: Option<Duration>| {
+        x.map(|d| format!("{:.4}", d.as_secs_f64() * 1e3))
+            .unwrap_or_default()
+    };
+    let f = |x: Option<f64>, digits: usize| x.map(|x| format!("{x:.digits$}")).unwrap_or_default();
+    for r in rows {
+        let spread = r.ratio.as_ref().map(|(s, _)| s);
+        let _ = writeln!(
+            s,
+            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+            csv_text(&r.runtime),
+            csv_text(&r.group),
+            r.scenario.as_str(),
+            csv_text(&r.label),
+            r.kind,
+            r.concurrency,
+            r.cycles,
+            d(r.p50),
+            d(r.p99),
+            f(r.per_sec, 1),
+            r.grants.map(|x| x.to_string()).unwrap_or_default(),
+            d(r.handoff_p50),
+            d(r.longest_wait),
+            f(r.straight_back, 1),
+            r.leftovers.map(|x| x.to_string()).unwrap_or_default(),
+            f(spread.map(|s| s.median), 4),
+            f(spread.map(|s| s.min), 4),
+            f(spread.map(|s| s.max), 4),
+            csv_text(r.ratio.as_ref().map_or("", |(_, of)| of.as_str())),
+            csv_text(r.error.as_deref().unwrap_or("")),
+        );
+    }
+    s
+}
+
+fn to_ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn chart_label(r: &Row) -> String {
+    format!("{}: {}", r.group, r.label)
+}
+
+/// A figure of a row, drawn as one series of bars.
+type Figure = (&'static str, RGBAColor, fn(&Row) -> Option<Duration>);
+
+/// Bars of `figures` for `rows`, one band per row, to `<out>/perf-<name>-<rt>.svg`; false
+/// (nothing written) without rows.
+fn bar_chart(
+    out: &Path,
+    name: &str,
+    rt: &str,
+    title: &str,
+    rows: &[&Row],
+    figures: &[Figure],
+) -> Result<bool, String> {
+    if rows.is_empty() {
+        return Ok(false);
+    }
+    let labels: Vec<String> = rows.iter().map(|r| chart_label(r)).collect();
+    let series: Vec<Series<'_>> = figures
+        .iter()
+        .map(|&(name, color, figure)| Series {
+            name,
+            color,
+            values: rows.iter().map(|r| figure(r).map(to_ms)).collect(),
+        })
+        .collect();
+    let title = format!("{title}, {rt} runtime (log scale)");
+    let path = out.join(format!("perf-{name}-{rt}.svg"));
+    charts::hbars(&path, &title, "milliseconds", &labels, &series).map_err(|e| e.to_string())?;
+    Ok(true)
+}
+
+/// Draws the charts of each runtime (cycle latency, contention, throughput); returns how many
+/// files it wrote.
+pub(super) fn charts(out: &Path, rows: &[Row], runtimes: &[&str]) -> Result<usize, String> {
+    let mut n = 0;
+    for rt in runtimes {
+        let ok = |s: Scenario| {
+            rows.iter()
+                .filter(move |r| r.runtime == *rt && r.error.is_none() && r.scenario == s)
+        };
+        let cycle: Vec<&Row> = ok(Scenario::Cycle).filter(|r| r.p50.is_some()).collect();
+        let latency: [Figure; 2] = [
+            ("p50", BLUE.mix(0.7), |r| r.p50),
+            ("p99", RED.mix(0.5), |r| r.p99),
+        ];
+        let title = "Uncontended acquire + release";
+        n += usize::from(bar_chart(out, "latency", rt, title, &cycle, &latency)?);
+        let cont: Vec<&Row> = ok(Scenario::Contention).collect();
+        let waits: [Figure; 2] = [
+            ("handoff p50", GREEN.mix(0.7), |r| r.handoff_p50),
+            ("longest wait", RED.mix(0.5), |r| r.longest_wait),
+        ];
+        let title = "One contended key: handoff and longest wait";
+        n += usize::from(bar_chart(out, "handoff", rt, title, &cont, &waits)?);
+        let mut lines: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
+        for r in ok(Scenario::Throughput) {
+            let Some(rate) = r.per_sec else { continue };
+            let (name, point) = (chart_label(r), (r.concurrency as f64, rate));
+            match lines.iter_mut().find(|(l, _)| *l == name) {
+                Some((_, pts)) => pts.push(point),
+                None => lines.push((name, vec![point])),
+            }
+        }
+        if !lines.is_empty() {
+            let title = format!("Throughput on distinct keys against concurrency, {rt} runtime");
+            let path = out.join(format!("perf-throughput-{rt}.svg"));
+            charts::lines(&path, &title, &lines).map_err(|e| e.to_string())?;
+            n += 1;
+        }
+    }
+    Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::perf::model::test_row;
+
+    #[test]
+    fn ratios_are_against_raw_and_the_fastest_peer() {
+        let rows = vec![
+            test_row("ours", "ours", 6),
+            test_row("raw", "raw", 4),
+            test_row("slow peer", "peer", 12),
+            test_row("fast peer", "peer", 3),
+        ];
+        let p = Params::quick(Vec::new(), false);
+        let t = tables(&rows, "rt", &p);
+        let ours = &t[0].rows[0];
+        assert_eq!(ours[5], "1.50×", "{ours:?}");
+        assert_eq!(ours[6], "2.00×", "{ours:?}");
+        let md = t[0].markdown();
+        assert!(md.contains("| g | fast peer *(peer)* |"), "{md}");
+    }
+
+    #[test]
+    fn csv_quotes_text_fields() {
+        let r = Row {
+            error: Some("said \"no\", twice".into()),
+            ..test_row("a, b", "peer", 1)
+        };
+        let text = csv(&[r]);
+        let line = text.lines().nth(1).unwrap_or_default();
+        assert!(line.contains("\"a, b\""), "{line}");
+        assert!(line.ends_with("\"said \"\"no\"\", twice\""), "{line}");
+    }
+}
