@@ -42,6 +42,7 @@
 //! rendered from this crate's definition of them and checked against it by its tests.
 
 mod acquire;
+mod child;
 mod code;
 mod holder;
 mod lock;
@@ -90,10 +91,18 @@ enum Cmd {
     /// The holder process of `acquire` (internal).
     #[command(name = "__hold", hide = true)]
     Hold(AcquireArgs),
+    /// What `run` starts: sets the parent-death signal, then becomes the command (internal).
+    #[command(name = "__exec", hide = true)]
+    Exec(child::ExecArgs),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let cli = match cli.command {
+        // No runtime: this process only becomes the command.
+        Cmd::Exec(args) => return ExitCode::from(child::exec(args)),
+        command => Cli { command },
+    };
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -111,6 +120,7 @@ fn main() -> ExitCode {
             Cmd::Release(args) => release::release(args).await,
             Cmd::Status(args) => status::status(args).await,
             Cmd::Hold(args) => holder::holder(args).await,
+            Cmd::Exec(args) => child::exec(args),
         };
         // Dropping the runtime cancels the background releases of dropped leases and of
         // acquisitions cut short (a signal while waiting, "gave up"): let them finish first.

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::code;
-use crate::lock::{Target, location_of};
+use crate::lock::{Target, cli_key, location_of};
 use crate::record::{
     HANDLE_VAR, RUNTIME_DIR_VAR, State, alive, ask, runtime_dir, socket_of, states,
 };
@@ -16,7 +16,7 @@ use crate::record::{
 pub(crate) struct ReleaseArgs {
     /// The lock's name: release the holder of this key (with --url/--config when several
     /// backends have one). Without --key and --handle, $LEASEHOLD_HANDLE is used.
-    #[arg(long, conflicts_with = "handle")]
+    #[arg(long, conflicts_with = "handle", value_parser = cli_key)]
     key: Option<String>,
     /// Only the holder of --key on this backend URL.
     #[arg(long, requires = "key", conflicts_with = "config")]

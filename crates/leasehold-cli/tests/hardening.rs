@@ -1,0 +1,270 @@
+//! What `leasehold` guards against on a shared host (the CLI's part of SECURITY.md):
+//!
+//! - `run` stops the command's whole process group on a lost lease, SIGKILLs it after
+//!   `--grace`, and the command dies with `leasehold` (parent-death signal);
+//! - the command inherits no backend credentials, and `--url` with a password is warned about;
+//! - keys with control characters are refused; `release` touches only a holder's state file in
+//!   a private runtime folder of ours;
+//! - the CLI's default backend is the file backend in its default folder.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::*;
+use leasehold_test_support::require_service;
+use leasehold_test_support::services::{Service, unique_prefix};
+
+/// Waits until the file lock `<dir>/<key>.lock` exists, then deletes it: the file backend sees
+/// its lease lost at its next check (every second).
+async fn lose_file_lock(dir: &Path, key: &str) -> Instant {
+    let lock = dir.join(format!("{key}.lock"));
+    eventually("the lock file appears", Duration::from_secs(10), || {
+        lock.exists()
+    })
+    .await;
+    std::fs::remove_file(&lock).expect("delete the lock file");
+    Instant::now()
+}
+
+/// The pids a command printed on its first line.
+fn pids(line: &str) -> Vec<u32> {
+    line.split_whitespace()
+        .map(|p| p.parse().expect("a pid"))
+        .collect()
+}
+
+/// Kills what a failed test may have left running.
+fn kill_all(pids: &[u32]) {
+    for p in pids.iter().filter(|p| alive(**p)) {
+        let _ = std::process::Command::new("kill")
+            .args(["-KILL", &p.to_string()])
+            .stderr(std::process::Stdio::null())
+            .status();
+    }
+}
+
+#[tokio::test]
+async fn a_lost_lease_stops_the_commands_whole_process_group() {
+    let dir = folder("cli_group");
+    let u = format!("file://{}", dir.display());
+    // A shell that starts a worker and waits for it: SIGTERM ends the shell; the worker goes
+    // only if the signal reaches the process group.
+    let run = Running::start(
+        &dir,
+        &[
+            "run",
+            "--key",
+            "k",
+            "--url",
+            &u,
+            "--",
+            "sh",
+            "-c",
+            "sleep 600 >/dev/null & echo $!; wait",
+        ],
+    )
+    .await;
+    let worker = pids(&run.first_line);
+    lose_file_lock(&dir, "k").await;
+    let (code, _, err) = run.finish(Duration::from_secs(30)).await;
+    assert_eq!(code, Some(79), "{err}");
+    let gone = Instant::now();
+    while alive(worker[0]) && gone.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let survived = alive(worker[0]);
+    kill_all(&worker);
+    assert!(!survived, "the command's worker outlived the lost lease");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn a_command_that_ignores_sigterm_is_killed_after_the_grace() {
+    let dir = folder("cli_grace");
+    let u = format!("file://{}", dir.display());
+    // Both the shell and its worker ignore SIGTERM (an ignored signal stays ignored in
+    // children).
+    let run = Running::start(
+        &dir,
+        &[
+            "run",
+            "--key",
+            "k",
+            "--url",
+            &u,
+            "--grace",
+            "1s",
+            "--",
+            "sh",
+            "-c",
+            "trap '' TERM; sleep 600 >/dev/null & echo $$ $!; while :; do sleep 0.1; done",
+        ],
+    )
+    .await;
+    let both = pids(&run.first_line);
+    let t = lose_file_lock(&dir, "k").await;
+    let (code, _, err) = run.finish(Duration::from_secs(30)).await;
+    let took = t.elapsed();
+    assert_eq!(code, Some(79), "{err}");
+    assert!(err.contains("lost"), "{err}");
+    // At least the grace (the loss is seen within a second of the deletion), and not much more.
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(15),
+        "took {took:?}"
+    );
+    let gone = Instant::now();
+    while both.iter().any(|p| alive(*p)) && gone.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let survivors: Vec<u32> = both.iter().copied().filter(|p| alive(*p)).collect();
+    kill_all(&both);
+    assert!(
+        survivors.is_empty(),
+        "still running: {survivors:?} of {both:?}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn the_command_dies_with_leasehold() {
+    let dir = folder("cli_pdeath");
+    let u = format!("file://{}", dir.display());
+    let mut run = Running::start(
+        &dir,
+        &[
+            "run",
+            "--key",
+            "k",
+            "--url",
+            &u,
+            "--",
+            "sh",
+            "-c",
+            "echo $$; while :; do sleep 0.1; done",
+        ],
+    )
+    .await;
+    let command = pids(&run.first_line);
+    // SIGKILL: leasehold cannot do anything about it; the kernel must.
+    run.child.start_kill().expect("kill leasehold");
+    let _ = run.child.wait().await;
+    let gone = Instant::now();
+    while alive(command[0]) && gone.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let survived = alive(command[0]);
+    kill_all(&command);
+    assert!(!survived, "the command outlived leasehold");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn the_command_inherits_no_backend_credentials() {
+    let pg = require_service!(Service::Postgres);
+    let url = pg.url().to_owned();
+    assert_ne!(
+        leasehold::redact(&url),
+        url,
+        "the test URL carries a password"
+    );
+    let rt = folder("cli_creds");
+    let key = unique_prefix("creds");
+    let show = "env | grep '^LEASEHOLD_' | sort";
+    // The URL (with its password) in LEASEHOLD_URL, where the guide tells users to put it,
+    // and another credential-looking variable.
+    let out = lh(&rt, &["run", "--key", &key, "--", "sh", "-c", show])
+        .env("LEASEHOLD_URL", &url)
+        .env_remove("LEASEHOLD_URLS")
+        .env("LEASEHOLD_DEPLOY_TOKEN", "tok-marker")
+        .output()
+        .await
+        .expect("leasehold runs");
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let env = stdout(&out);
+    let location = format!("LEASEHOLD_LOCATION={}", leasehold::redact(&url));
+    assert!(env.lines().any(|l| l == location), "{env}");
+    assert!(env.contains("LEASEHOLD_BACKEND=postgres"), "{env}");
+    for secret in [
+        "LEASEHOLD_URL=",
+        "LEASEHOLD_DEPLOY_TOKEN",
+        "tok-marker",
+        &url,
+    ] {
+        assert!(
+            !env.contains(secret),
+            "{secret:?} reached the command:\n{env}"
+        );
+    }
+    assert!(!stderr(&out).contains("warning"), "{}", stderr(&out));
+
+    // With --url: it works, with a warning that points to the safer places.
+    let out = on_key(&rt, "run", &key, &url, &["--", "sh", "-c", show]).await;
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let err = stderr(&out);
+    assert!(
+        err.contains("warning") && err.contains("--config") && err.contains("LEASEHOLD_URL"),
+        "{err}"
+    );
+    assert!(!err.contains(&url), "{err}");
+    assert!(!stdout(&out).contains(&url), "{}", stdout(&out));
+    let _ = std::fs::remove_dir_all(&rt);
+}
+
+#[tokio::test]
+async fn keys_with_control_characters_are_refused() {
+    let redis = require_service!(Service::Redis);
+    let url = redis.url().to_owned();
+    let rt = folder("cli_ctl_key");
+    // Today's state file is `LEASEHOLD_KEY='…'` lines: a newline would add a line of its own.
+    let forged = format!("{}\nLEASEHOLD_STATE='lost'", unique_prefix("k"));
+    for verb in ["acquire", "status"] {
+        let out = on_key(&rt, verb, &forged, &url, &[]).await;
+        assert_eq!(out.status.code(), Some(2), "{verb}: {out:?}");
+        assert!(stderr(&out).contains("control"), "{}", stderr(&out));
+    }
+    let out = on_key(&rt, "run", "a\u{1b}[2Jb", &url, &["--", "true"]).await;
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let out = output(&rt, &["release", "--key", "a\rb"]).await;
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let left: Vec<_> = std::fs::read_dir(&rt).unwrap().collect();
+    assert!(left.is_empty(), "nothing is recorded: {left:?}");
+    let _ = std::fs::remove_dir_all(&rt);
+}
+
+#[tokio::test]
+async fn without_a_url_the_lock_is_a_file_lock_in_the_default_folder() {
+    let rt = folder("cli_default_dir");
+    let key = unique_prefix("default");
+    let default_dir = leasehold::FileConfig::default_dir();
+    let run = Running::start(
+        &rt,
+        &[
+            "run",
+            "--key",
+            &key,
+            "--",
+            "sh",
+            "-c",
+            "echo \"$LEASEHOLD_BACKEND $LEASEHOLD_LOCATION\"; sleep 5",
+        ],
+    )
+    .await;
+    assert_eq!(
+        run.first_line,
+        format!("file file://{}", default_dir.display())
+    );
+    // The lock really is in that folder: taking it there by URL finds it held.
+    let there = format!("file://{}", default_dir.display());
+    let out = run_true(&rt, &key, &there, &["--no-wait"]).await;
+    assert_eq!(out.status.code(), Some(75), "{out:?}");
+    let (code, _, err) = run.finish(Duration::from_secs(30)).await;
+    assert_eq!(code, Some(0), "{err}");
+    for ext in ["lock", "fence"] {
+        let _ = std::fs::remove_file(default_dir.join(format!("{key}.{ext}")));
+    }
+    let _ = std::fs::remove_dir_all(&rt);
+}
