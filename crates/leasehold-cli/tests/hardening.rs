@@ -11,6 +11,7 @@
 
 mod common;
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -232,6 +233,87 @@ async fn keys_with_control_characters_are_refused() {
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     let left: Vec<_> = std::fs::read_dir(&rt).unwrap().collect();
     assert!(left.is_empty(), "nothing is recorded: {left:?}");
+    let _ = std::fs::remove_dir_all(&rt);
+}
+
+/// A dead holder's record, as a holder writes it.
+fn dead_record(key: &str) -> String {
+    format!(
+        "LEASEHOLD_STATE='held'\nLEASEHOLD_KEY='{key}'\nLEASEHOLD_BACKEND='file'\n\
+         LEASEHOLD_HOLDER_PID='999999999'\nLEASEHOLD_ACQUIRED_AT='1'\n"
+    )
+}
+
+#[tokio::test]
+async fn release_touches_only_a_holders_state_file_in_a_private_folder_of_ours() {
+    let rt = folder("cli_handle");
+    let release = |h: &Path| {
+        let h = h.display().to_string();
+        let rt = rt.clone();
+        async move { output(&rt, &["release", "--handle", &h]).await }
+    };
+    // Any other file that reads like a record: refused, kept.
+    let notes = rt.join("notes.txt");
+    std::fs::write(&notes, dead_record("k")).unwrap();
+    let out = release(&notes).await;
+    assert_eq!(out.status.code(), Some(78), "{out:?}");
+    assert!(notes.exists(), "release deleted {}", notes.display());
+
+    // A state file in a folder others can write to: refused, kept.
+    let open = rt.join("open");
+    std::fs::create_dir(&open).unwrap();
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let in_open = open.join("123.state");
+    std::fs::write(&in_open, dead_record("k")).unwrap();
+    let out = release(&in_open).await;
+    assert_eq!(out.status.code(), Some(78), "{out:?}");
+    assert!(in_open.exists(), "release deleted {}", in_open.display());
+
+    // A symbolic link named like a state file: not followed, neither it nor its target goes.
+    let link = rt.join("124.state");
+    std::os::unix::fs::symlink(&notes, &link).unwrap();
+    let out = release(&link).await;
+    assert_eq!(out.status.code(), Some(78), "{out:?}");
+    assert!(
+        notes.exists() && link.symlink_metadata().is_ok(),
+        "a file was deleted"
+    );
+
+    // A real record of a dead holder: reported (79) and consumed, but a file planted under its
+    // socket's name is not a socket and stays.
+    let record = rt.join("125.state");
+    std::fs::write(&record, dead_record("k")).unwrap();
+    let planted = rt.join("125.sock");
+    std::fs::write(&planted, "not a socket").unwrap();
+    let out = release(&record).await;
+    assert_eq!(out.status.code(), Some(79), "{out:?}");
+    assert!(!record.exists(), "the record is consumed");
+    assert!(
+        planted.exists(),
+        "release deleted a file that is not a socket"
+    );
+    let _ = std::fs::remove_dir_all(&rt);
+}
+
+#[tokio::test]
+async fn release_checks_the_runtime_folder_as_acquire_does() {
+    let rt = folder("cli_release_rt");
+    let key = unique_prefix("k");
+    let record = rt.join("126.state");
+    std::fs::write(&record, dead_record(&key)).unwrap();
+    std::fs::set_permissions(&rt, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out = output(&rt, &["release", "--key", &key]).await;
+    assert_eq!(out.status.code(), Some(78), "{out:?}");
+    assert!(stderr(&out).contains("open to other users"), "{out:?}");
+    assert!(
+        record.exists(),
+        "release deleted a record in a folder it refuses"
+    );
+    // The same folder made private again: the dead holder's record is reported and consumed.
+    std::fs::set_permissions(&rt, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let out = output(&rt, &["release", "--key", &key]).await;
+    assert_eq!(out.status.code(), Some(79), "{out:?}");
+    assert!(!record.exists());
     let _ = std::fs::remove_dir_all(&rt);
 }
 
