@@ -16,9 +16,15 @@
 //!
 //! # `run`
 //!
-//! The command gets `LEASEHOLD_KEY`, `LEASEHOLD_BACKEND` and, when the backend mints one,
-//! `LEASEHOLD_FENCING_TOKEN` in its environment. The lease is renewed while it runs; if it is
-//! lost, the command gets SIGTERM, then SIGKILL after `--grace`.
+//! The command gets `LEASEHOLD_KEY`, `LEASEHOLD_BACKEND`, `LEASEHOLD_LOCATION` (where the lock
+//! lives, passwords masked) and, when the backend mints one, `LEASEHOLD_FENCING_TOKEN` in its
+//! environment, and none of the backend's credentials (`LEASEHOLD_URL`, `LEASEHOLD_URLS`,
+//! `LEASEHOLD_BACKEND_PASSWORD`…: see [`child`]). The lease is renewed while it runs; if it is
+//! lost, the command's process group gets SIGTERM, then SIGKILL after `--grace`. The command
+//! runs in a process group of its own, except when `leasehold` is the foreground job of a
+//! terminal (then it shares `leasehold`'s, so job control keeps working, and only its own
+//! process is signalled); on Linux it gets SIGKILL if `leasehold` dies. `docs/guide.md` says
+//! what each choice covers and what it does not.
 //!
 //! # `acquire` and `release`
 //!
