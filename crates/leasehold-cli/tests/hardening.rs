@@ -31,6 +31,16 @@ async fn lose_file_lock(dir: &Path, key: &str) -> Instant {
     Instant::now()
 }
 
+/// `leasehold run --key k --url file://<dir> EXTRA… -- sh -c SCRIPT`, once SCRIPT printed its
+/// first line.
+async fn run_script(dir: &Path, extra: &[&str], script: &str) -> Running {
+    let u = format!("file://{}", dir.display());
+    let mut args = vec!["run", "--key", "k", "--url", &u];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&["--", "sh", "-c", script]);
+    Running::start(dir, &args).await
+}
+
 /// The pids a command printed on its first line.
 fn pids(line: &str) -> Vec<u32> {
     line.split_whitespace()
@@ -38,74 +48,48 @@ fn pids(line: &str) -> Vec<u32> {
         .collect()
 }
 
-/// Kills what a failed test may have left running.
-fn kill_all(pids: &[u32]) {
-    for p in pids.iter().filter(|p| alive(**p)) {
+/// The processes of `pids` still running after up to 10 s; those are killed (a failed test
+/// leaves nothing behind).
+async fn survivors(pids: &[u32]) -> Vec<u32> {
+    let t0 = Instant::now();
+    while pids.iter().any(|p| alive(*p)) && t0.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let left: Vec<u32> = pids.iter().copied().filter(|p| alive(*p)).collect();
+    for p in &left {
         let _ = std::process::Command::new("kill")
             .args(["-KILL", &p.to_string()])
             .stderr(std::process::Stdio::null())
             .status();
     }
+    left
 }
 
 #[tokio::test]
 async fn a_lost_lease_stops_the_commands_whole_process_group() {
     let dir = folder("cli_group");
-    let u = format!("file://{}", dir.display());
     // A shell that starts a worker and waits for it: SIGTERM ends the shell; the worker goes
     // only if the signal reaches the process group.
-    let run = Running::start(
-        &dir,
-        &[
-            "run",
-            "--key",
-            "k",
-            "--url",
-            &u,
-            "--",
-            "sh",
-            "-c",
-            "sleep 600 >/dev/null & echo $!; wait",
-        ],
-    )
-    .await;
+    let run = run_script(&dir, &[], "sleep 600 >/dev/null & echo $!; wait").await;
     let worker = pids(&run.first_line);
     lose_file_lock(&dir, "k").await;
     let (code, _, err) = run.finish(Duration::from_secs(30)).await;
     assert_eq!(code, Some(79), "{err}");
-    let gone = Instant::now();
-    while alive(worker[0]) && gone.elapsed() < Duration::from_secs(10) {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let survived = alive(worker[0]);
-    kill_all(&worker);
-    assert!(!survived, "the command's worker outlived the lost lease");
+    let left = survivors(&worker).await;
+    assert!(
+        left.is_empty(),
+        "the command's worker outlived the lost lease"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[tokio::test]
 async fn a_command_that_ignores_sigterm_is_killed_after_the_grace() {
     let dir = folder("cli_grace");
-    let u = format!("file://{}", dir.display());
     // Both the shell and its worker ignore SIGTERM (an ignored signal stays ignored in
     // children).
-    let run = Running::start(
-        &dir,
-        &[
-            "run",
-            "--key",
-            "k",
-            "--url",
-            &u,
-            "--grace",
-            "1s",
-            "--",
-            "sh",
-            "-c",
-            "trap '' TERM; sleep 600 >/dev/null & echo $$ $!; while :; do sleep 0.1; done",
-        ],
-    )
-    .await;
+    let script = "trap '' TERM; sleep 600 >/dev/null & echo $$ $!; while :; do sleep 0.1; done";
+    let run = run_script(&dir, &["--grace", "1s"], script).await;
     let both = pids(&run.first_line);
     let t = lose_file_lock(&dir, "k").await;
     let (code, _, err) = run.finish(Duration::from_secs(30)).await;
@@ -117,49 +101,60 @@ async fn a_command_that_ignores_sigterm_is_killed_after_the_grace() {
         took >= Duration::from_millis(900) && took < Duration::from_secs(15),
         "took {took:?}"
     );
-    let gone = Instant::now();
-    while both.iter().any(|p| alive(*p)) && gone.elapsed() < Duration::from_secs(10) {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let survivors: Vec<u32> = both.iter().copied().filter(|p| alive(*p)).collect();
-    kill_all(&both);
-    assert!(
-        survivors.is_empty(),
-        "still running: {survivors:?} of {both:?}"
-    );
+    let left = survivors(&both).await;
+    assert!(left.is_empty(), "still running: {left:?} of {both:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[tokio::test]
 async fn the_command_dies_with_leasehold() {
     let dir = folder("cli_pdeath");
-    let u = format!("file://{}", dir.display());
-    let mut run = Running::start(
-        &dir,
-        &[
-            "run",
-            "--key",
-            "k",
-            "--url",
-            &u,
-            "--",
-            "sh",
-            "-c",
-            "echo $$; while :; do sleep 0.1; done",
-        ],
-    )
-    .await;
+    let mut run = run_script(&dir, &[], "echo $$; while :; do sleep 0.1; done").await;
     let command = pids(&run.first_line);
     // SIGKILL: leasehold cannot do anything about it; the kernel must.
     run.child.start_kill().expect("kill leasehold");
     let _ = run.child.wait().await;
-    let gone = Instant::now();
-    while alive(command[0]) && gone.elapsed() < Duration::from_secs(10) {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let survived = alive(command[0]);
-    kill_all(&command);
-    assert!(!survived, "the command outlived leasehold");
+    let left = survivors(&command).await;
+    assert!(left.is_empty(), "the command outlived leasehold");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn the_command_has_its_own_process_group_except_in_a_terminals_foreground() {
+    let dir = folder("cli_pgid");
+    let u = format!("file://{}", dir.display());
+    // `$((…))` drops the spaces `ps` pads with; no quotes, so it nests in '…' below.
+    let show = "echo pid=$$ pgid=$(($(ps -o pgid= -p $$)))";
+    // No terminal (cron, CI): a group of its own, led by the command.
+    let out = on_key(&dir, "run", "k", &u, &["--", "sh", "-c", show]).await;
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let line = stdout(&out);
+    let (pid, pgid) = line
+        .trim()
+        .strip_prefix("pid=")
+        .and_then(|l| l.split_once(" pgid="))
+        .expect("pid=… pgid=…");
+    assert_eq!(pid, pgid, "{line}");
+    // The foreground job of a terminal (script(1) gives it one): leasehold's own group, so the
+    // command's group is not led by the command.
+    let inner = format!(
+        "{BIN} run --key k --url {u} -- sh -c '{show}'; echo leasehold-pgid=$(($(ps -o pgid= -p $$)))"
+    );
+    let out = std::process::Command::new("script")
+        .args(["-qec", &inner, "/dev/null"])
+        .env("LEASEHOLD_RUNTIME_DIR", &dir)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("script(1) runs (util-linux)");
+    let text = String::from_utf8_lossy(&out.stdout).replace('\r', "");
+    let field = |name: &str| {
+        text.split_whitespace()
+            .find_map(|w| w.strip_prefix(name))
+            .unwrap_or_else(|| panic!("{name} in {text:?}"))
+            .to_owned()
+    };
+    assert_ne!(field("pid="), field("pgid="), "{text}");
+    assert_eq!(field("pgid="), field("leasehold-pgid="), "{text}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
