@@ -18,7 +18,8 @@ pub(crate) struct Target {
     #[arg(long, value_parser = cli_key)]
     pub(crate) key: String,
     /// The backend URL (file:///dir, redis://…, redlock://…, postgres://…, etcd://…). Default:
-    /// $LEASEHOLD_URL, else a local file lock in $LEASEHOLD_DIR or the temporary folder.
+    /// $LEASEHOLD_URL, else a local file lock in the file backend's default folder
+    /// ($LEASEHOLD_DIR if set). A password here shows in `ps`: prefer --config or $LEASEHOLD_URL.
     #[arg(long, conflicts_with = "config")]
     pub(crate) url: Option<String>,
     /// A leasehold TOML configuration file (LEASEHOLD_* variables override it).

@@ -18,7 +18,8 @@ pub(crate) struct RunArgs {
     target: Target,
     #[command(flatten)]
     how: Acquiring,
-    /// After SIGTERM on a lost lease, wait this long before SIGKILL.
+    /// After SIGTERM on a lost lease, wait this long for the command (and its process group)
+    /// to end before SIGKILL.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
     grace: Duration,
     /// The command and its arguments.
