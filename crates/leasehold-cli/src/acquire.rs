@@ -8,7 +8,7 @@ use std::process::{Child, ChildStdin, Stdio};
 use std::time::Duration;
 
 use crate::code;
-use crate::lock::{AcquireArgs, wait_notice};
+use crate::lock::{AcquireArgs, wait_notice, warn_if_password_in_url};
 use crate::record::{
     HANDLE_VAR, RUNTIME_DIR_VAR, ask, prepare_runtime_dir, runtime_dir, shell_quote, socket_of,
 };
@@ -17,6 +17,7 @@ use crate::record::{
 pub(crate) const HOLDER_URL_VAR: &str = "LEASEHOLD_HOLDER_URL";
 
 pub(crate) fn acquire(args: AcquireArgs) -> u8 {
+    warn_if_password_in_url(&args.target);
     let dir = runtime_dir();
     if let Err(e) = prepare_runtime_dir(&dir) {
         eprintln!(

@@ -62,7 +62,8 @@ const TABLE: [Row; 10] = [
     Row {
         codes: &[CONFIG],
         meaning: "configuration error: bad URL or config file, bad key, `require` not met, \
-                  unusable runtime dir; also any other error the backend reports",
+                  unusable runtime dir, a `release` handle that is not a holder's state file; \
+                  also any other error the backend reports",
     },
     Row {
         codes: &[LOST],

@@ -14,16 +14,42 @@ const WAIT_NOTICE: Duration = Duration::from_secs(1);
 /// Which lock, on which backend.
 #[derive(clap::Args, Clone, Debug)]
 pub(crate) struct Target {
-    /// The lock's name.
-    #[arg(long)]
+    /// The lock's name (no control characters).
+    #[arg(long, value_parser = cli_key)]
     pub(crate) key: String,
     /// The backend URL (file:///dir, redis://…, redlock://…, postgres://…, etcd://…). Default:
-    /// $LEASEHOLD_URL, else a local file lock in $LEASEHOLD_DIR or the temporary folder.
+    /// $LEASEHOLD_URL, else a local file lock in the file backend's default folder
+    /// ($LEASEHOLD_DIR if set). A password here shows in `ps`: prefer --config or $LEASEHOLD_URL.
     #[arg(long, conflicts_with = "config")]
     pub(crate) url: Option<String>,
     /// A leasehold TOML configuration file (LEASEHOLD_* variables override it).
     #[arg(long)]
     pub(crate) config: Option<PathBuf>,
+}
+
+/// Parses `--key`: control characters (a newline, an escape…) are refused, since keys are
+/// written to state files, shell assignments and terminals.
+pub(crate) fn cli_key(key: &str) -> Result<String, String> {
+    match key.chars().find(|c| c.is_control()) {
+        Some(c) => Err(format!(
+            "a key must not contain control characters (found {:?})",
+            c
+        )),
+        None => Ok(key.to_owned()),
+    }
+}
+
+/// Says on stderr when `--url` carries a password: command lines are visible to every local
+/// user (`ps`), unlike a configuration file or `LEASEHOLD_URL`.
+pub(crate) fn warn_if_password_in_url(target: &Target) {
+    if let Some(url) = &target.url
+        && redact(url) != *url
+    {
+        eprintln!(
+            "leasehold: warning: --url carries a password, which other local users can read in \
+             the process list; put it in a --config file or in LEASEHOLD_URL instead"
+        );
+    }
 }
 
 /// How to acquire.

@@ -16,9 +16,15 @@
 //!
 //! # `run`
 //!
-//! The command gets `LEASEHOLD_KEY`, `LEASEHOLD_BACKEND` and, when the backend mints one,
-//! `LEASEHOLD_FENCING_TOKEN` in its environment. The lease is renewed while it runs; if it is
-//! lost, the command gets SIGTERM, then SIGKILL after `--grace`.
+//! The command gets `LEASEHOLD_KEY`, `LEASEHOLD_BACKEND`, `LEASEHOLD_LOCATION` (where the lock
+//! lives, passwords masked) and, when the backend mints one, `LEASEHOLD_FENCING_TOKEN` in its
+//! environment, and none of the backend's credentials (`LEASEHOLD_URL`, `LEASEHOLD_URLS`,
+//! `LEASEHOLD_BACKEND_PASSWORD`…: see [`child`]). The lease is renewed while it runs; if it is
+//! lost, the command's process group gets SIGTERM, then SIGKILL after `--grace`. The command
+//! runs in a process group of its own, except when `leasehold` is the foreground job of a
+//! terminal (then it shares `leasehold`'s, so job control keeps working, and only its own
+//! process is signalled); on Linux it gets SIGKILL if `leasehold` dies. `docs/guide.md` says
+//! what each choice covers and what it does not.
 //!
 //! # `acquire` and `release`
 //!
@@ -42,6 +48,7 @@
 //! rendered from this crate's definition of them and checked against it by its tests.
 
 mod acquire;
+mod child;
 mod code;
 mod holder;
 mod lock;
@@ -90,10 +97,18 @@ enum Cmd {
     /// The holder process of `acquire` (internal).
     #[command(name = "__hold", hide = true)]
     Hold(AcquireArgs),
+    /// What `run` starts: sets the parent-death signal, then becomes the command (internal).
+    #[command(name = "__exec", hide = true)]
+    Exec(child::ExecArgs),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let cli = match cli.command {
+        // No runtime: this process only becomes the command.
+        Cmd::Exec(args) => return ExitCode::from(child::exec(args)),
+        command => Cli { command },
+    };
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -111,6 +126,7 @@ fn main() -> ExitCode {
             Cmd::Release(args) => release::release(args).await,
             Cmd::Status(args) => status::status(args).await,
             Cmd::Hold(args) => holder::holder(args).await,
+            Cmd::Exec(args) => child::exec(args),
         };
         // Dropping the runtime cancels the background releases of dropped leases and of
         // acquisitions cut short (a signal while waiting, "gave up"): let them finish first.

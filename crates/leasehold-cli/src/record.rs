@@ -9,13 +9,14 @@
 
 use std::fs;
 use std::io::{self, Read, Write};
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use leasehold::Lease;
 
+use nix::fcntl::OFlag;
 use nix::sys::signal::kill;
 use nix::unistd::Pid;
 
@@ -38,8 +39,7 @@ pub(crate) fn runtime_dir() -> PathBuf {
     std::env::temp_dir().join(format!("leasehold-{}", nix::unistd::getuid()))
 }
 
-/// Creates the runtime folder (mode 0700) and checks that it is a folder (not a symbolic link),
-/// ours and private; refuses it otherwise (a folder others can write to is not fixed silently).
+/// Creates the runtime folder (mode 0700) and checks it ([`verify_runtime_dir`]).
 pub(crate) fn prepare_runtime_dir(dir: &Path) -> io::Result<()> {
     match fs::DirBuilder::new()
         .recursive(true)
@@ -50,6 +50,12 @@ pub(crate) fn prepare_runtime_dir(dir: &Path) -> io::Result<()> {
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
         Err(e) => return Err(e),
     }
+    verify_runtime_dir(dir)
+}
+
+/// Checks that a runtime folder is a folder (not a symbolic link), ours and private; refuses it
+/// otherwise (a folder others can write to is not fixed silently).
+pub(crate) fn verify_runtime_dir(dir: &Path) -> io::Result<()> {
     let meta = fs::symlink_metadata(dir)?;
     if !meta.file_type().is_dir() {
         return Err(io::Error::other(format!(
@@ -72,6 +78,48 @@ pub(crate) fn prepare_runtime_dir(dir: &Path) -> io::Result<()> {
     }
     Ok(())
 }
+
+/// Checks that `handle` may name a holder's state file before anything reads or deletes it:
+/// named as a holder names its state file, directly inside a folder that passes [`verify_runtime_dir`]. The file itself
+/// is checked when read ([`State::read`]).
+pub(crate) fn verify_handle(handle: &Path) -> io::Result<()> {
+    if !is_named_like_a_handle(handle) {
+        return Err(io::Error::other(format!(
+            "{} is not a handle printed by `leasehold acquire` (<pid>.state in a runtime folder)",
+            handle.display()
+        )));
+    }
+    let dir = handle
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    verify_runtime_dir(dir)
+}
+
+/// Whether the file name is one a holder gives its state file: `<pid>.state`, or
+/// `<pid>-<nanoseconds>.state` when a record of an earlier holder with the same pid is there.
+fn is_named_like_a_handle(path: &Path) -> bool {
+    path.file_name()
+        .and_then(|n| n.to_str())
+        .and_then(|n| n.strip_suffix(".state"))
+        .is_some_and(|id| {
+            id.starts_with(|c: char| c.is_ascii_digit())
+                && id.bytes().all(|b| b.is_ascii_digit() || b == b'-')
+        })
+}
+
+/// Removes a hold's record: its state file, and its socket if that is one (checked, so that a
+/// file planted under the socket's name is left alone).
+pub(crate) fn remove_record(state: &Path) {
+    let sock = socket_of(state);
+    if fs::symlink_metadata(&sock).is_ok_and(|m| m.file_type().is_socket()) {
+        let _ = fs::remove_file(&sock);
+    }
+    let _ = fs::remove_file(state);
+}
+
+/// The most a state file may hold: far more than any record `render` writes.
+const MAX_STATE_BYTES: u64 = 64 * 1024;
 
 /// What a state file says, one `LEASEHOLD_<NAME>='value'` line per field. The fields stay in
 /// this module: other modules ask the questions below.
@@ -205,8 +253,23 @@ impl State {
         st
     }
 
+    /// Reads a state file: a regular file of ours (a symbolic link is not followed), at most
+    /// [`MAX_STATE_BYTES`] long.
     pub(crate) fn read(path: &Path) -> io::Result<Self> {
-        Ok(Self::parse(&fs::read_to_string(path)?))
+        let file = fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(OFlag::O_NOFOLLOW.bits())
+            .open(path)?;
+        let meta = file.metadata()?;
+        if !meta.file_type().is_file() || meta.uid() != nix::unistd::getuid().as_raw() {
+            return Err(io::Error::other(format!(
+                "{} is not a regular file of ours",
+                path.display()
+            )));
+        }
+        let mut text = String::new();
+        file.take(MAX_STATE_BYTES).read_to_string(&mut text)?;
+        Ok(Self::parse(&text))
     }
 
     /// Writes the file atomically (a temporary file renamed over it).
@@ -235,7 +298,7 @@ pub(crate) fn socket_of(state: &Path) -> PathBuf {
     state.with_extension("sock")
 }
 
-/// Every state file in the runtime folder, with what it says.
+/// Every state file in the runtime folder (`<pid>.state`, regular, ours), with what it says.
 pub(crate) fn states(dir: &Path) -> Vec<(PathBuf, State)> {
     let Ok(entries) = fs::read_dir(dir) else {
         return Vec::new();
@@ -243,7 +306,7 @@ pub(crate) fn states(dir: &Path) -> Vec<(PathBuf, State)> {
     let mut found: Vec<(PathBuf, State)> = entries
         .filter_map(Result::ok)
         .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|x| x == "state"))
+        .filter(|p| is_named_like_a_handle(p))
         .filter_map(|p| State::read(&p).ok().map(|s| (p, s)))
         .collect();
     found.sort_by(|a, b| a.0.cmp(&b.0));
@@ -280,8 +343,7 @@ pub(crate) fn sweep_stale(dir: &Path, key: &str, location: &str, except: &Path) 
             .and_then(|t| now.duration_since(t).ok())
             .is_some_and(|age| age > STALE_AFTER);
         if path != except && old.is_of(key, Some(location)) && old_enough && old.has_ended() {
-            let _ = fs::remove_file(socket_of(&path));
-            let _ = fs::remove_file(&path);
+            remove_record(&path);
         }
     }
 }

@@ -1,22 +1,23 @@
 //! `leasehold release`: find the holder started by `acquire`, ask it to release, and wait
 //! until it has exited.
 
-use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::code;
+use crate::lock::cli_key;
 use crate::lock::{Target, location_of};
 use crate::record::{
-    HANDLE_VAR, RUNTIME_DIR_VAR, State, alive, ask, runtime_dir, socket_of, states,
+    HANDLE_VAR, RUNTIME_DIR_VAR, State, alive, ask, remove_record, runtime_dir, socket_of, states,
+    verify_handle, verify_runtime_dir,
 };
 
 #[derive(clap::Args, Debug)]
 pub(crate) struct ReleaseArgs {
     /// The lock's name: release the holder of this key (with --url/--config when several
     /// backends have one). Without --key and --handle, $LEASEHOLD_HANDLE is used.
-    #[arg(long, conflicts_with = "handle")]
+    #[arg(long, conflicts_with = "handle", value_parser = cli_key)]
     key: Option<String>,
     /// Only the holder of --key on this backend URL.
     #[arg(long, requires = "key", conflicts_with = "config")]
@@ -24,7 +25,8 @@ pub(crate) struct ReleaseArgs {
     /// Only the holder of --key from this configuration file.
     #[arg(long, requires = "key")]
     config: Option<PathBuf>,
-    /// The state file printed by `acquire` as LEASEHOLD_HANDLE.
+    /// The state file printed by `acquire` as LEASEHOLD_HANDLE: a `<pid>.state` file of ours
+    /// in a private runtime folder of ours; anything else is refused and left alone.
     #[arg(long)]
     handle: Option<PathBuf>,
     /// Give up waiting for the holder's answer after this long.
@@ -108,6 +110,20 @@ pub(crate) async fn release(args: ReleaseArgs) -> u8 {
 /// code: a lost or dead hold of it is reported first (79), none is 1, several are 2.
 fn find_by_key(args: &ReleaseArgs, key: &str) -> Result<PathBuf, u8> {
     let dir = runtime_dir();
+    match verify_runtime_dir(&dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            eprintln!(
+                "leasehold: no holder of {key:?}: no runtime folder {}",
+                dir.display()
+            );
+            return Err(code::FREE);
+        }
+        Err(e) => {
+            eprintln!("leasehold: runtime folder: {e} (set {RUNTIME_DIR_VAR})");
+            return Err(code::CONFIG);
+        }
+    }
     let location = (args.url.is_some() || args.config.is_some()).then(|| {
         location_of(&Target {
             key: key.to_owned(),
@@ -149,6 +165,13 @@ fn find_by_key(args: &ReleaseArgs, key: &str) -> Result<PathBuf, u8> {
 
 /// Reads a handle; an exit code when it cannot (1 when there is none: already released).
 fn read_handle(handle: &Path) -> Result<State, u8> {
+    // A missing folder is reported below, as a missing file is: already released.
+    if let Err(e) = verify_handle(handle)
+        && e.kind() != io::ErrorKind::NotFound
+    {
+        eprintln!("leasehold: refusing the handle: {e}");
+        return Err(code::CONFIG);
+    }
     match State::read(handle) {
         Ok(s) => Ok(s),
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
@@ -169,7 +192,6 @@ fn read_handle(handle: &Path) -> Result<State, u8> {
 /// record: exit 79.
 fn report_ended(handle: &Path, state: &State) -> u8 {
     eprintln!("leasehold: {}", state.end_notice());
-    let _ = fs::remove_file(socket_of(handle));
-    let _ = fs::remove_file(handle);
+    remove_record(handle);
     code::LOST
 }

@@ -1,14 +1,16 @@
 //! `leasehold run`: hold a lock around a command.
 
+use std::io;
 use std::time::Duration;
 
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
-use tokio::process::Command;
+use leasehold::Lease;
+use nix::sys::signal::Signal;
+use tokio::process::Child;
 use tokio::signal::unix::{SignalKind, signal};
 
+use crate::child::{self, Group, Job};
 use crate::code;
-use crate::lock::{Acquiring, Target, obtain, wait_notice};
+use crate::lock::{Acquiring, Target, location_of, obtain, wait_notice, warn_if_password_in_url};
 
 #[derive(clap::Args)]
 pub(crate) struct RunArgs {
@@ -16,7 +18,8 @@ pub(crate) struct RunArgs {
     target: Target,
     #[command(flatten)]
     how: Acquiring,
-    /// After SIGTERM on a lost lease, wait this long before SIGKILL.
+    /// After SIGTERM on a lost lease, wait this long for the command (and its process group)
+    /// to end before SIGKILL.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
     grace: Duration,
     /// The command and its arguments.
@@ -37,6 +40,7 @@ pub(crate) async fn run(args: RunArgs) -> u8 {
         eprintln!("leasehold: cannot install signal handlers");
         return code::CANNOT_RUN;
     };
+    warn_if_password_in_url(&args.target);
     let obtained = obtain(&args.target, &args.how, |wait| {
         if !quiet {
             eprintln!("{}", wait_notice(&key, wait));
@@ -62,21 +66,11 @@ pub(crate) async fn run(args: RunArgs) -> u8 {
         }
     };
 
-    let Some((program, rest)) = args.command.split_first() else {
-        return code::USAGE;
-    };
-    let mut command = Command::new(program);
-    command
-        .args(rest)
-        .env("LEASEHOLD_KEY", &key)
-        .env("LEASEHOLD_BACKEND", lease.backend_name());
-    match lease.fencing_token() {
-        Some(t) => command.env("LEASEHOLD_FENCING_TOKEN", t.get().to_string()),
-        None => command.env_remove("LEASEHOLD_FENCING_TOKEN"),
-    };
-    let mut child = match command.spawn() {
-        Ok(c) => c,
+    let group = Group::choose();
+    let (mut child, job) = match start(&args, &lease, group) {
+        Ok(started) => started,
         Err(e) => {
+            let program = args.command.first().map_or("", String::as_str);
             eprintln!("leasehold: cannot run {program:?}: {e}");
             let _ = lease.release().await;
             return code::CANNOT_RUN;
@@ -85,25 +79,14 @@ pub(crate) async fn run(args: RunArgs) -> u8 {
 
     let lost = lease.lost().wait();
     tokio::pin!(lost);
-    let forward = |sig: Signal, child: &tokio::process::Child| {
-        if let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) {
-            let _ = kill(Pid::from_raw(pid), sig);
-        }
-    };
     let status = loop {
         tokio::select! {
             status = child.wait() => break status,
-            _ = term.recv() => forward(Signal::SIGTERM, &child),
-            _ = int.recv() => forward(Signal::SIGINT, &child),
+            _ = term.recv() => job.signal(Signal::SIGTERM),
+            _ = int.recv() => job.signal(Signal::SIGINT),
             reason = &mut lost => {
                 eprintln!("leasehold: lease on {key:?} lost ({reason}): stopping the command");
-                forward(Signal::SIGTERM, &child);
-                match tokio::time::timeout(args.grace, child.wait()).await {
-                    Ok(_) => {}
-                    Err(_) => {
-                        let _ = child.kill().await;
-                    }
-                }
+                job.stop(&mut child, args.grace).await;
                 let _ = lease.release().await;
                 return code::LOST;
             }
@@ -119,6 +102,27 @@ pub(crate) async fn run(args: RunArgs) -> u8 {
             code::CANNOT_RUN
         }
     }
+}
+
+/// Starts the command (through `leasehold __exec`, see [`child`]) with the lease in its
+/// environment and no credentials.
+fn start(args: &RunArgs, lease: &Lease, group: Group) -> io::Result<(Child, Job)> {
+    let Some((program, rest)) = args.command.split_first() else {
+        return Err(io::Error::other("no command"));
+    };
+    let mut command = child::command(program, rest, group)?;
+    child::scrub_environment(&mut command);
+    command
+        .env("LEASEHOLD_KEY", &args.target.key)
+        .env("LEASEHOLD_BACKEND", lease.backend_name())
+        .env("LEASEHOLD_LOCATION", location_of(&args.target));
+    match lease.fencing_token() {
+        Some(t) => command.env("LEASEHOLD_FENCING_TOKEN", t.get().to_string()),
+        None => command.env_remove("LEASEHOLD_FENCING_TOKEN"),
+    };
+    let child = command.spawn()?;
+    let job = Job::of(&child, group).ok_or_else(|| io::Error::other("the command has no pid"))?;
+    Ok((child, job))
 }
 
 /// The command's exit code, or 128 + the signal that ended it (as shells do).

@@ -3,7 +3,7 @@
 use leasehold::{FencingKind, HolderInfo, SafetyClass};
 
 use crate::code;
-use crate::lock::{Target, config_of, failure};
+use crate::lock::{Target, config_of, failure, warn_if_password_in_url};
 
 /// `println!` that does not panic when stdout is a closed pipe (`leasehold status | head -1`).
 macro_rules! out {
@@ -23,6 +23,7 @@ pub(crate) struct StatusArgs {
 }
 
 pub(crate) async fn status(args: StatusArgs) -> u8 {
+    warn_if_password_in_url(&args.target);
     let config = match config_of(&args.target, None) {
         Ok(c) => c,
         Err(e) => return failure(&e),
