@@ -1,0 +1,154 @@
+//! Redlock's timing rules as shipped, on real nodes slowed through the fault proxy: the per-node
+//! timeout derived from the TTL (`ttl / 200`, within 5–50 ms) when none is configured, the
+//! round that reaches a quorum with too little validity left, and the keys of requests that
+//! land after their timeout, given back rather than left until their TTL.
+
+// Helpers outside #[test] fns fail the test by panicking, like the tests themselves.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use leasehold_core::{ErrorKind, Locker, Renewal};
+use leasehold_redis::{RedlockBackend, RedlockConfig};
+use leasehold_test_support::harness::locker;
+use leasehold_test_support::proxy::FaultProxy;
+use leasehold_test_support::require_service;
+use leasehold_test_support::services::Service;
+use tokio::time::Instant;
+
+/// One proxy in front of each Redlock node, and the `redis://` URL of each proxy.
+async fn proxies(
+    ep: &leasehold_test_support::services::Endpoints,
+) -> (Vec<FaultProxy>, Vec<String>) {
+    let mut proxies = Vec::new();
+    for addr in ep.addrs() {
+        proxies.push(FaultProxy::start(*addr).await.unwrap());
+    }
+    let urls = proxies
+        .iter()
+        .map(|p| format!("redis://{}", p.addr()))
+        .collect();
+    (proxies, urls)
+}
+
+/// Waits (up to `within`) until no lock key of `prefix` is left on any node, read directly
+/// (not through the proxies); panics with the counts if some stay.
+async fn no_key_left(
+    ep: &leasehold_test_support::services::Endpoints,
+    prefix: &str,
+    within: Duration,
+) {
+    let direct = RedlockBackend::new(
+        RedlockConfig::from_urls(ep.urls())
+            .unwrap()
+            .with_prefix(prefix)
+            .unwrap(),
+    )
+    .unwrap();
+    let deadline = Instant::now() + within;
+    loop {
+        let counts = direct.count_lock_keys("").await.unwrap();
+        if counts.iter().all(|&c| c == 0) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "lock keys left {within:?} after the round: {counts:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn shipped(urls: &[String], prefix: &str, ttl: Duration) -> Locker {
+    // No with_node_timeout: the derivation from the TTL is what is tested.
+    let config = RedlockConfig::from_urls(urls)
+        .unwrap()
+        .with_prefix(prefix)
+        .unwrap();
+    locker(RedlockBackend::new(config).unwrap(), ttl, Renewal::Off)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shipped_node_timeout_follows_the_ttl_and_late_keys_are_given_back() {
+    let ep = require_service!(Service::Redlock);
+    let (proxies, urls) = proxies(&ep).await;
+    let prefix = common::prefix("timing");
+    // Three of five nodes answer only after 300 ms or more: no quorum within any shipped
+    // per-node timeout.
+    for p in &proxies[..3] {
+        p.latency(Duration::from_millis(150));
+    }
+    for (ttl, per_node) in [
+        (Duration::from_millis(500), Duration::from_millis(5)), // ttl / 200 = 2.5 ms: at least 5
+        (Duration::from_secs(2), Duration::from_millis(10)),    // ttl / 200
+        (Duration::from_secs(20), Duration::from_millis(50)),   // ttl / 200 = 100 ms: at most 50
+    ] {
+        let l = shipped(&urls, &prefix, ttl);
+        let key = format!("k{}", ttl.as_millis());
+        let t0 = Instant::now();
+        let err = l.try_acquire(&key).await.expect_err("2 of 5 nodes in time");
+        let took = t0.elapsed();
+        assert_eq!(err.kind(), ErrorKind::QuorumNotReached, "{err}");
+        let causes: Vec<String> = err
+            .node_errors()
+            .iter()
+            .map(|n| n.error.message().to_owned())
+            .collect();
+        assert_eq!(causes.len(), 3, "one cause per slowed node: {err}");
+        for cause in &causes {
+            assert_eq!(
+                cause,
+                &format!("no answer within {per_node:?}"),
+                "ttl {ttl:?}: {err}"
+            );
+        }
+        // It gave up at the node timeout, not when the slow answers came (300 ms).
+        assert!(
+            took < Duration::from_millis(250),
+            "ttl {ttl:?}: took {took:?}"
+        );
+    }
+    // The slowed nodes' SETs landed after the round gave up; each is given back, long before
+    // the longest TTL (20 s) would have removed it.
+    no_key_left(&ep, &prefix, Duration::from_secs(5)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quorum_with_too_little_validity_left_is_no_grant_and_leaves_no_key() {
+    let ep = require_service!(Service::Redlock);
+    let (proxies, urls) = proxies(&ep).await;
+    let prefix = common::prefix("validity");
+    // TTL 20 s, drift 20 s × 0.01 + 2 ms = 202 ms: a grant needs 19.7 s left, so the round
+    // may take at most ~98 ms. The node timeout (1 s) lets slow answers count.
+    let url = format!(
+        "redlock://{}?prefix={prefix}&node_timeout_ms=1000&min_validity_ms=19700",
+        urls.iter()
+            .map(|u| u.trim_start_matches("redis://"))
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    let backend = RedlockBackend::new(RedlockConfig::from_url(&url).unwrap()).unwrap();
+    let l = locker(backend, Duration::from_secs(20), Renewal::Off);
+
+    // Fast nodes: the validity left is well above the minimum.
+    let lease = l
+        .try_acquire("fast")
+        .await
+        .unwrap()
+        .expect("a grant in time");
+    assert!(lease.release().await.unwrap());
+
+    // Every answer takes 200 ms or more: a quorum, but too late.
+    for p in &proxies {
+        p.latency(Duration::from_millis(100));
+    }
+    let err = l.try_acquire("slow").await.expect_err("no validity left");
+    assert_eq!(err.kind(), ErrorKind::Timeout, "{err}");
+    assert!(err.to_string().contains("quorum reached"), "{err}");
+    for p in &proxies {
+        p.pass();
+    }
+    no_key_left(&ep, &prefix, Duration::from_secs(5)).await;
+}
