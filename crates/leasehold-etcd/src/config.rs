@@ -357,7 +357,13 @@ fn percent_decode(s: &str) -> Option<String> {
 /// Reads the PEM file an `etcds://` option (`ca`, `cert`, `key`) names.
 #[cfg(feature = "tls")]
 fn read_pem(option: &str, path: &str) -> Result<Vec<u8>, Error> {
-    std::fs::read(path).map_err(|e| invalid(format!("`{option}`: cannot read {path:?}: {e}")))
+    let what = match option {
+        "ca" => "the CA file",
+        "cert" => "the client certificate file",
+        _ => "the client key file",
+    };
+    std::fs::read(path)
+        .map_err(|e| invalid(format!("cannot read {what} {path:?} (`{option}`): {e}")))
 }
 
 #[cfg(test)]
