@@ -167,7 +167,9 @@ mod config;
 mod error;
 mod fence;
 mod gate;
+mod grant;
 mod key;
+mod pool;
 mod probe;
 mod session;
 mod tls;
@@ -176,8 +178,9 @@ mod xact;
 
 pub use backend::PostgresBackend;
 pub use config::{
-    DEFAULT_FENCE_SCHEMA, DEFAULT_FENCE_SEQUENCE, DEFAULT_HEALTH_INTERVAL, DEFAULT_HEALTH_TIMEOUT,
-    DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_IDLE_SESSIONS, DEFAULT_PREFIX, PostgresConfig, SCHEMES,
+    DEFAULT_APPLICATION_NAME, DEFAULT_FENCE_SCHEMA, DEFAULT_FENCE_SEQUENCE,
+    DEFAULT_HEALTH_INTERVAL, DEFAULT_HEALTH_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_SESSIONS,
+    DEFAULT_PREFIX, PostgresConfig, SCHEMES,
 };
 pub use fence::PostgresFenceStore;
 pub use key::{NUMERIC_KEY_PREFIX, advisory_key, numeric_key, pg_locks_ids};
