@@ -16,6 +16,32 @@ use leasehold_test_support::require_service;
 use leasehold_test_support::services::{Service, unique_prefix};
 use tokio::time::Instant;
 
+/// What each test starts from: its own application name (so it counts only its own sessions
+/// and locks), an admin connection, and the server's URL. `None` when the service is missing
+/// outside CI.
+struct Fixture {
+    url: String,
+    app: String,
+    admin: std::sync::Arc<tokio_postgres::Client>,
+    backend: PostgresBackend,
+    locker: Locker,
+}
+
+/// A [`Fixture`] whose backend has at most `max_sessions` sessions.
+async fn fixture(name: &str, max_sessions: usize) -> Result<Option<Fixture>, common::BoxError> {
+    let pg = require_service!(Service::Postgres, Ok(None));
+    let app = unique_prefix(name);
+    let cfg = common::config(pg.url(), &app)?.with_max_sessions(max_sessions)?;
+    let backend = PostgresBackend::new(cfg);
+    Ok(Some(Fixture {
+        url: pg.url().to_owned(),
+        admin: common::admin(pg.url()).await?,
+        locker: Locker::new(backend.clone()),
+        backend,
+        app,
+    }))
+}
+
 /// Waits (up to 5 s: closing is asynchronous) until `app` has `n` sessions on the server.
 async fn until_server_sessions(
     admin: &tokio_postgres::Client,
@@ -44,12 +70,11 @@ async fn max_connections(admin: &tokio_postgres::Client) -> Result<u64, common::
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn more_holders_than_max_connections_share_eight_sessions() -> Result<(), common::BoxError> {
-    let pg = require_service!(Service::Postgres, Ok(()));
-    let app = unique_prefix("pg-many");
-    let admin = common::admin(pg.url()).await?;
+    let Some(f) = fixture("pg-many", 8).await? else {
+        return Ok(());
+    };
+    let (app, admin, backend, locker) = (f.app, f.admin, f.backend, f.locker);
     let holders = usize::try_from(max_connections(&admin).await?)? + 100;
-    let backend = PostgresBackend::new(common::config(pg.url(), &app)?.with_max_sessions(8)?);
-    let locker = Locker::new(backend.clone());
     // All at once, from many tasks: the pool opens at most 8 sessions.
     let mut tasks = Vec::new();
     for i in 0..holders {
@@ -80,13 +105,11 @@ async fn more_holders_than_max_connections_share_eight_sessions() -> Result<(), 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_terminated_session_loses_its_leases_only() -> Result<(), common::BoxError> {
     const LEASES: usize = 40;
-    let pg = require_service!(Service::Postgres, Ok(()));
-    let app = unique_prefix("pg-kill-one");
-    let admin = common::admin(pg.url()).await?;
-    let cfg = common::config(pg.url(), &app)?.with_max_sessions(4)?;
-    let interval = cfg.health_interval();
-    let backend = PostgresBackend::new(cfg);
-    let locker = Locker::new(backend.clone());
+    let Some(f) = fixture("pg-kill-one", 4).await? else {
+        return Ok(());
+    };
+    let (app, admin, backend, locker) = (f.app, f.admin, f.backend, f.locker);
+    let interval = backend.config().health_interval();
     let mut tasks = Vec::new();
     for i in 0..LEASES {
         let (l, key) = (locker.clone(), format!("{app}/{i}"));
@@ -157,11 +180,10 @@ async fn a_terminated_session_loses_its_leases_only() -> Result<(), common::BoxE
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_pool_fails_unavailable_within_the_budget() -> Result<(), common::BoxError> {
-    let pg = require_service!(Service::Postgres, Ok(()));
-    let app = unique_prefix("pg-full");
-    let admin = common::admin(pg.url()).await?;
-    let backend = PostgresBackend::new(common::config(pg.url(), &app)?.with_max_sessions(1)?);
-    let locker = Locker::new(backend.clone());
+    let Some(f) = fixture("pg-full", 1).await? else {
+        return Ok(());
+    };
+    let (app, admin, backend, locker) = (f.app, f.admin, f.backend, f.locker);
     // Someone else holds `busy`; our waiter takes the one session for its wait in the server.
     let busy = format!("{app}/busy");
     let busy_id = backend.lock_id(&LockKey::new(&busy)?);
@@ -224,12 +246,15 @@ async fn a_full_pool_fails_unavailable_within_the_budget() -> Result<(), common:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unused_sessions_close_after_the_idle_timeout() -> Result<(), common::BoxError> {
-    let pg = require_service!(Service::Postgres, Ok(()));
-    let app = unique_prefix("pg-idle");
-    let admin = common::admin(pg.url()).await?;
+    let Some(f) = fixture("pg-idle", 4).await? else {
+        return Ok(());
+    };
+    let Fixture {
+        url, app, admin, ..
+    } = f;
     let idle_timeout = Duration::from_millis(500);
     let backend = PostgresBackend::new(
-        common::config(pg.url(), &app)?
+        common::config(&url, &app)?
             .with_max_sessions(4)?
             .with_idle_timeout(idle_timeout),
     );
@@ -277,11 +302,10 @@ fn application_name_defaults_to_leasehold_and_the_url_overrides_it() -> Result<(
 async fn a_dropped_release_unlocks_in_the_background() -> Result<(), common::BoxError> {
     use std::future::Future;
     use std::task::{Context, Waker};
-    let pg = require_service!(Service::Postgres, Ok(()));
-    let app = unique_prefix("pg-drop-release");
-    let admin = common::admin(pg.url()).await?;
-    let backend = PostgresBackend::new(common::config(pg.url(), &app)?.with_max_sessions(1)?);
-    let locker = Locker::new(backend.clone());
+    let Some(f) = fixture("pg-drop-release", 1).await? else {
+        return Ok(());
+    };
+    let (app, admin, backend, locker) = (f.app, f.admin, f.backend, f.locker);
     let kept = locker
         .try_acquire(format!("{app}/kept"))
         .await?
