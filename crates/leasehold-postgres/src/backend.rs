@@ -1,55 +1,53 @@
-//! The backend: sessions, the idle pool, grants and their health checks.
+//! The backend: acquisitions on the pooled sessions, their grants and the trait.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use leasehold_core::{
-    Capabilities, DEFAULT_MAX_TTL, Error, ErrorKind, ExtendRequest, FencingKind, FencingToken,
-    Grant, Held, HolderInfo, LeaseMonitor, LockBackend, LockKey, LockRequest, RenewalKind,
-    SafetyClass, Validity, WaitKind, Waited, async_trait,
+    Backoff, Capabilities, DEFAULT_MAX_TTL, Error, ErrorKind, ExtendRequest, FencingKind,
+    FencingToken, Grant, Held, HolderInfo, LeaseMonitor, LockBackend, LockKey, LockRequest,
+    RenewalKind, SafetyClass, Validity, WaitKind, Waited, async_trait,
 };
-use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
 use crate::NAME;
 use crate::config::PostgresConfig;
 use crate::error::{is_lock_timeout, pg_error};
 use crate::gate::{Gate, Gates};
+use crate::grant::{GrantInner, OnSession, PgGrant, Unlocking};
 use crate::key::{advisory_key, explicit_key};
-use crate::probe::Probe;
-use crate::session::{Canceller, Session};
-use crate::watch::{Abandon, CONNECTION_ENDED, Watched, Watcher, lock};
+use crate::pool::{Lent, Pool};
+use crate::session::Canceller;
+use crate::watch::{CONNECTION_ENDED, Watched, lock};
 
-/// How long a cleanup statement (the unlock after an abandoned try) may take before its
-/// session is closed instead.
-const CLEANUP_TIMEOUT: Duration = Duration::from_secs(10);
 /// How far past the caller's deadline a native wait may run (the server's `lock_timeout` ends
 /// it first) before the session counts as unresponsive and is closed.
 const WAIT_GRACE: Duration = Duration::from_secs(5);
 /// How many key → advisory-lock id mappings a backend remembers (then it starts over).
 const ID_CACHE: usize = 1024;
+/// The pauses of a waiting acquisition that polls (no session was free for a wait in the
+/// server): jittered, up to 4, 8, … 50 ms.
+const POLL: Backoff = Backoff {
+    initial: Duration::from_millis(4),
+    max: Duration::from_millis(50),
+};
 
 /// Locks on PostgreSQL session-level advisory locks.
 ///
-/// See the [crate documentation](crate) for the guarantees, the key mapping and cancellation.
-/// Cheap to clone: clones share the sessions, the idle pool and the in-process gate.
+/// See the [crate documentation](crate) for the guarantees, the sessions, the key mapping and
+/// cancellation. Cheap to clone: clones share the session pool and the in-process gate.
 #[derive(Clone)]
 pub struct PostgresBackend {
     shared: Arc<Shared>,
 }
 
 struct Shared {
-    cfg: PostgresConfig,
-    seq_sql: String,
-    /// Idle sessions with the instant each was returned, oldest first (reused from the end).
-    idle: Mutex<Vec<(Session, Instant)>>,
-    sequence_ready: OnceCell<()>,
+    pool: Arc<Pool>,
     gates: Arc<Gates>,
-    opened: AtomicU64,
-    /// Whether the idle-session reaper runs (see [`Shared::start_reaper`]).
-    reaper_started: AtomicBool,
+    /// Names the grants in their sessions' health checks.
+    next_grant: AtomicU64,
     /// Advisory-lock ids of recently used keys (see [`PostgresBackend::lock_id`]).
     ids: Mutex<foldhash::HashMap<LockKey, i64>>,
 }
@@ -57,133 +55,31 @@ struct Shared {
 impl fmt::Debug for PostgresBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PostgresBackend")
-            .field("config", &self.shared.cfg)
-            .field("idle_sessions", &self.shared.idle().len())
+            .field("config", &self.shared.pool.cfg)
+            .field("sessions", &self.sessions())
             .field("sessions_opened", &self.sessions_opened())
             .finish()
     }
 }
 
 impl Shared {
-    fn idle(&self) -> MutexGuard<'_, Vec<(Session, Instant)>> {
-        self.idle.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
     fn ids(&self) -> MutexGuard<'_, foldhash::HashMap<LockKey, i64>> {
         self.ids.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// An idle session that is still open, else a new one.
-    async fn checkout(&self, allow_idle: bool) -> Result<Session, Error> {
-        if allow_idle {
-            loop {
-                let Some((mut s, _)) = self.idle().pop() else {
-                    break;
-                };
-                if !s.is_closed() {
-                    s.fresh = false;
-                    return Ok(s);
-                }
-            }
-        }
-        // Boxed: connecting (login, TLS, prepares) is a large future, which inline would make
-        // every acquisition's future several KB to allocate and move (4.7 KB, against 1.5 KB
-        // boxed), though a pooled session is the common case.
-        let mut s = Box::pin(Session::open(
-            &self.cfg,
-            &self.seq_sql,
-            &self.sequence_ready,
-        ))
-        .await?;
-        self.opened.fetch_add(1, Ordering::Relaxed);
-        s.watcher = Some(Watcher::spawn(s.weak_probe(), s.closed(), &self.cfg));
-        Ok(s)
-    }
-
-    /// Returns a session that holds no lock to the idle pool, and closes the idle sessions
-    /// that went unused for the idle timeout or exceed `max_idle_sessions` (oldest first).
-    fn checkin(self: &Arc<Self>, s: Session) {
-        let now = Instant::now();
-        let reuse = !s.is_closed();
-        let closing = {
-            let mut idle = self.idle();
-            if reuse {
-                idle.push((s, now));
-            }
-            self.expired(&mut idle, now)
-        };
-        drop(closing); // outside the lock: dropping a session closes its connection
-        if reuse {
-            self.start_reaper();
-        }
-    }
-
-    /// Closes the idle sessions unused for the idle timeout, and the oldest ones beyond
-    /// `max_idle_sessions`.
-    fn prune(&self) {
-        let closing = self.expired(&mut self.idle(), Instant::now());
-        drop(closing); // outside the lock: dropping a session closes its connection
-    }
-
-    /// Takes out of `idle` the sessions unused for the idle timeout at `now`, and the oldest
-    /// ones beyond `max_idle_sessions`, for the caller to drop outside the lock.
-    fn expired(&self, idle: &mut Vec<(Session, Instant)>, now: Instant) -> Vec<(Session, Instant)> {
-        let stale = idle
-            .iter()
-            .take_while(|(_, since)| now.duration_since(*since) > self.cfg.idle_timeout)
-            .count();
-        let excess = idle.len().saturating_sub(self.cfg.max_idle_sessions);
-        match stale.max(excess) {
-            0 => Vec::new(),
-            n => idle.drain(..n).collect(),
-        }
-    }
-
-    /// Starts, once per backend, the task that closes idle sessions past the idle timeout
-    /// when no release comes to do it (the pool shrinks back after a burst even if the
-    /// application goes quiet). It ends when the backend is dropped.
-    fn start_reaper(self: &Arc<Self>) {
-        // A plain load first: this runs on every release, the swap only once.
-        if self.reaper_started.load(Ordering::Acquire)
-            || self.reaper_started.swap(true, Ordering::AcqRel)
-        {
-            return;
-        }
-        let Ok(rt) = tokio::runtime::Handle::try_current() else {
-            self.reaper_started.store(false, Ordering::Release);
-            return;
-        };
-        let shared = Arc::downgrade(self);
-        let every = (self.cfg.idle_timeout / 2).max(Duration::from_millis(100));
-        drop(rt.spawn(async move {
-            loop {
-                tokio::time::sleep(every).await;
-                let Some(shared) = shared.upgrade() else {
-                    return;
-                };
-                shared.prune();
-            }
-        }));
-    }
-
     fn window(&self) -> Duration {
-        self.cfg.validity_window()
+        self.pool.cfg.validity_window()
     }
 }
 
 impl PostgresBackend {
     /// A backend for `config`. Connects lazily, on the first acquisition.
     pub fn new(config: PostgresConfig) -> Self {
-        let seq_sql = config.fence_sequence_sql();
         Self {
             shared: Arc::new(Shared {
-                cfg: config,
-                seq_sql,
-                idle: Mutex::new(Vec::new()),
-                sequence_ready: OnceCell::new(),
+                pool: Arc::new(Pool::new(config)),
                 gates: Arc::new(Gates::default()),
-                opened: AtomicU64::new(0),
-                reaper_started: AtomicBool::new(false),
+                next_grant: AtomicU64::new(0),
                 ids: Mutex::new(foldhash::HashMap::default()),
             }),
         }
@@ -193,14 +89,13 @@ impl PostgresBackend {
     /// fencing sequence if it is missing); the session is kept for reuse.
     pub async fn connect(config: PostgresConfig) -> Result<Self, Error> {
         let backend = Self::new(config);
-        let s = backend.shared.checkout(false).await?;
-        backend.shared.checkin(s);
+        drop(backend.shared.pool.shared(None).await?);
         Ok(backend)
     }
 
     /// The configuration.
     pub fn config(&self) -> &PostgresConfig {
-        &self.shared.cfg
+        &self.shared.pool.cfg
     }
 
     /// The advisory-lock key (`bigint`) this backend uses for `key`: the number itself for
@@ -211,10 +106,11 @@ impl PostgresBackend {
         if let Some(id) = self.shared.ids().get(key) {
             return *id;
         }
+        let prefix = &self.shared.pool.cfg.prefix;
         let id = match explicit_key(key) {
             Some(id) => id,
-            None if self.shared.cfg.prefix.is_empty() => advisory_key(key.as_str()),
-            None => advisory_key(&format!("{}{}", self.shared.cfg.prefix, key.as_str())),
+            None if prefix.is_empty() => advisory_key(key.as_str()),
+            None => advisory_key(&format!("{prefix}{}", key.as_str())),
         };
         let mut ids = self.shared.ids();
         if ids.len() >= ID_CACHE {
@@ -226,153 +122,194 @@ impl PostgresBackend {
 
     /// How many sessions this backend has opened so far (for measurements and tests).
     pub fn sessions_opened(&self) -> u64 {
-        self.shared.opened.load(Ordering::Relaxed)
+        self.shared.pool.opened()
     }
 
-    /// How many idle sessions are kept right now.
-    pub fn idle_sessions(&self) -> usize {
-        self.shared.idle().len()
+    /// How many sessions (server connections) this backend has open right now: at most
+    /// `max_sessions`.
+    pub fn sessions(&self) -> usize {
+        self.shared.pool.sessions()
     }
 
-    /// Runs `f` on a session, retrying once on a fresh session if a pooled one turns out to be
-    /// closed (after a server restart the pool holds dead sessions; a closed session holds no
-    /// lock, so retrying cannot double-grant).
+    /// One `pg_try_advisory_lock` on a shared session, retried once on another session if the
+    /// one lent turns out to be closed (after a server restart the pool holds dead sessions;
+    /// a closed session holds no lock, so retrying cannot double-grant). `until`: how long to
+    /// wait for a session when every one is lent whole (`None`: fail at once).
     ///
     /// `asked`: when the caller's request began (before the gate and the checkout); on a
     /// pooled session it serves as the instant the statement left, which it precedes by
     /// microseconds (a validity counted from earlier is only more cautious). After a fresh
     /// connect, the clock is read again.
-    async fn one_try(&self, id: i64, gate: Gate, asked: Instant) -> Result<TryOutcome, Error> {
+    async fn one_try(
+        &self,
+        id: i64,
+        gate: Gate,
+        asked: Instant,
+        until: Option<Instant>,
+    ) -> Result<TryOutcome, Error> {
         let mut gate = Some(gate);
-        let mut allow_idle = true;
+        let mut tries = 0;
         loop {
-            let session = self.shared.checkout(allow_idle).await?;
-            let fresh = session.fresh;
-            let mut pending = Pending {
-                shared: Arc::clone(&self.shared),
-                session: Some(session),
-                gate: gate.take(),
-                id,
-            };
+            tries += 1;
+            let lent = self.shared.pool.shared(until).await?;
+            let fresh = lent.fresh;
             // The validity starts when the lock statement leaves, not before a connect that
             // may have preceded it: the grant's life is tied to this session only.
             let sent = if fresh { Instant::now() } else { asked };
-            let r = match pending.session.as_ref() {
-                Some(s) => s.try_lock(id).await,
-                None => return Err(internal("session vanished")),
+            // If this future is dropped before the answer, the statement may still take the
+            // lock: the guard then unlocks behind it on the same session.
+            let mut pending = Unlocking {
+                on: Some(OnSession::new(
+                    Arc::clone(&self.shared.pool),
+                    lent.slot,
+                    Arc::clone(&lent.session),
+                )),
+                gate: gate.take(),
+                id,
             };
-            let Some((session, g)) = pending.defuse() else {
-                return Err(internal("session vanished"));
-            };
+            let r = lent.session.try_lock(id).await;
+            let on = pending.on.take();
+            let g = pending.gate.take();
             match r {
                 Ok(Some(token)) => {
-                    let token = match u64::try_from(token) {
-                        Ok(t) if t > 0 => FencingToken::new(t),
-                        _ => {
-                            // Closing the session drops the lock it just took.
-                            return Err(internal(
-                                "the fencing sequence returned a non-positive value",
-                            ));
-                        }
+                    let Some(on) = on else {
+                        return Err(internal("session vanished"));
                     };
-                    return Ok(TryOutcome::Granted(session, g, token, sent));
+                    let token = positive(token)?;
+                    return Ok(TryOutcome::Granted(on, g, token, sent));
                 }
-                Ok(None) => return Ok(TryOutcome::Busy(session, g)),
-                Err(e) if e.is_closed() && !fresh => {
+                Ok(None) => return Ok(TryOutcome::Busy(g)),
+                Err(e) if e.is_closed() && !fresh && tries < 2 => {
                     tracing::debug!("leasehold-postgres: pooled session was closed; reconnecting");
-                    drop(session);
+                    drop(on);
+                    self.shared.pool.discard(lent.slot);
                     gate = g;
-                    allow_idle = false;
                 }
                 Err(e) => return Err(pg_error("pg_try_advisory_lock", e)),
             }
         }
     }
 
-    /// Builds the grant for a locked session and puts it under its session's health check.
+    /// Builds the grant for a lock on `on`'s session and puts it under that session's health
+    /// check.
     fn grant(
         &self,
         monitor: &LeaseMonitor,
         id: i64,
-        session: Session,
+        on: OnSession,
         gate: Option<Gate>,
         token: FencingToken,
         from: Instant,
     ) -> Grant {
+        let watch_id = self.shared.next_grant.fetch_add(1, Ordering::Relaxed);
+        let session = Arc::clone(&on.session);
         let inner = Arc::new(GrantInner {
             id,
-            session: Mutex::new(None),
+            watch_id,
+            held: Mutex::new(Some(on)),
             gate: Mutex::new(gate),
         });
         if let Some(w) = &session.watcher {
-            let grant: Weak<GrantInner> = Arc::downgrade(&inner);
-            w.watch(Watched {
-                grant,
-                monitor: monitor.clone(),
-            });
-        }
-        let closed = session.is_closed();
-        *lock(&inner.session) = Some(session);
-        // The watcher reports a closed connection once and then ends: if the connection closed
-        // before the grant was put on it (terminated right after the lock statement), nobody
-        // else would report this loss. Whichever side takes the grant out of the slot reports.
-        if closed {
-            let watched = lock(&inner.session)
-                .as_ref()
-                .and_then(|s| s.watcher.as_ref())
-                .and_then(|w| w.take(&inner));
-            if let Some(watched) = watched {
-                watched.lose(CONNECTION_ENDED.to_owned());
+            let grant: std::sync::Weak<GrantInner> = Arc::downgrade(&inner);
+            w.watch(
+                watch_id,
+                Watched {
+                    grant,
+                    monitor: monitor.clone(),
+                    since: from,
+                },
+            );
+            // The check reports a lost session once and then ends: if the session was lost
+            // before the grant was put on it (terminated right after the lock statement),
+            // nobody else would report this loss. Whichever side takes the grant out reports.
+            if (session.is_closed() || w.is_dead())
+                && let Some(watched) = w.take(watch_id)
+            {
+                watched.lose(CONNECTION_ENDED);
             }
         }
         Grant::new(Validity::new(from, self.shared.window()))
             .with_fencing(token)
             .with_state(PgGrant(inner))
     }
+
+    /// Waits in the server's queue (`pg_advisory_lock` under `lock_timeout`) on a session lent
+    /// whole. `None`: the wait timed out, the lock is not ours.
+    async fn server_wait(
+        &self,
+        lent: Lent,
+        id: i64,
+        deadline: Instant,
+    ) -> Result<Option<(OnSession, FencingToken, Instant)>, Error> {
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        // Round up: a budget of 0.3 ms still waits 1 ms, never "0 = forever".
+        let ms = u64::try_from(remaining.as_micros().div_ceil(1000)).unwrap_or(u64::MAX);
+        if remaining.is_zero() || ms == 0 {
+            return Ok(None);
+        }
+        // Dropped from here on, the lent session is closed (it carries nothing else): a
+        // grant that won the race dies with it, and the cancel cannot hit a later statement.
+        let mut lent = lent;
+        lent.close = true;
+        let mut cancel = CancelOnDrop(Some(lent.session.canceller()));
+        let give_up = deadline.checked_add(WAIT_GRACE).unwrap_or(deadline);
+        let waited = tokio::time::timeout_at(give_up, lent.session.wait_lock(id, ms)).await;
+        match waited {
+            Ok(Ok(())) => {
+                cancel.0 = None;
+                // Granted; the token's round trip starts the validity: the wait itself may have
+                // lasted longer than the window. If this future is dropped now, the session is
+                // closed, which releases the lock.
+                let started = Instant::now();
+                let token = lent
+                    .session
+                    .nextval()
+                    .await
+                    .map_err(|e| pg_error("nextval", e))?;
+                let token = positive(token)?;
+                let on = OnSession::new(
+                    Arc::clone(&self.shared.pool),
+                    lent.slot,
+                    Arc::clone(&lent.session),
+                );
+                lent.close = false;
+                Ok(Some((on, token, started)))
+            }
+            Ok(Err(e)) if is_lock_timeout(&e) => {
+                // Not granted (the server's timeout and a grant are exclusive); the session is
+                // clean: the aborted implicit transaction rolled the SET back.
+                cancel.0 = None;
+                lent.close = false;
+                Ok(None)
+            }
+            Ok(Err(e)) => {
+                cancel.0 = None;
+                Err(pg_error("pg_advisory_lock", e))
+            }
+            Err(_) => Err(Error::new(
+                ErrorKind::Unavailable,
+                NAME,
+                format!(
+                    "the server did not end a lock wait within {WAIT_GRACE:?} of its lock_timeout"
+                ),
+            )),
+        }
+    }
 }
 
 enum TryOutcome {
     /// Locked, with the token and the instant the statement was sent.
-    Granted(Session, Option<Gate>, FencingToken, Instant),
-    Busy(Session, Option<Gate>),
+    Granted(OnSession, Option<Gate>, FencingToken, Instant),
+    Busy(Option<Gate>),
 }
 
-/// A try in flight. If the acquire future is dropped before the answer, the statement may
-/// still take the lock; dropping this queues `pg_advisory_unlock` behind it on the same
-/// connection (statements on one connection run in order), then returns the session to the
-/// pool. Without a runtime the session is closed instead, which ends its locks too.
-struct Pending {
-    shared: Arc<Shared>,
-    session: Option<Session>,
-    gate: Option<Gate>,
-    id: i64,
-}
-
-impl Pending {
-    /// Takes the session back once the statement's answer is in.
-    fn defuse(&mut self) -> Option<(Session, Option<Gate>)> {
-        let s = self.session.take()?;
-        Some((s, self.gate.take()))
-    }
-}
-
-impl Drop for Pending {
-    fn drop(&mut self) {
-        let Some(session) = self.session.take() else {
-            return;
-        };
-        let gate = self.gate.take();
-        let shared = Arc::clone(&self.shared);
-        let id = self.id;
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            drop(rt.spawn(async move {
-                match tokio::time::timeout(CLEANUP_TIMEOUT, session.unlock(id)).await {
-                    Ok(Ok(_)) => shared.checkin(session),
-                    _ => drop(session),
-                }
-                drop(gate);
-            }));
-        }
+fn positive(token: i64) -> Result<FencingToken, Error> {
+    match u64::try_from(token) {
+        Ok(t) if t > 0 => Ok(FencingToken::new(t)),
+        // The caller's guards close or unlock the session, which drops the lock just taken.
+        _ => Err(internal(
+            "the fencing sequence returned a non-positive value",
+        )),
     }
 }
 
@@ -392,41 +329,6 @@ impl Drop for CancelOnDrop {
                 }
             }));
         }
-    }
-}
-
-/// The backend-private state of a grant: the session holding the lock.
-#[derive(Debug)]
-struct PgGrant(Arc<GrantInner>);
-
-#[derive(Debug)]
-struct GrantInner {
-    id: i64,
-    session: Mutex<Option<Session>>,
-    gate: Mutex<Option<Gate>>,
-}
-
-impl Abandon for GrantInner {
-    /// The grant is gone: close its session (ending the lock if the server still has it) and
-    /// let local contenders in.
-    fn abandon(&self) {
-        drop(self.take_session());
-        drop(lock(&self.gate).take());
-    }
-}
-
-impl GrantInner {
-    /// Takes the session back from the grant, out of its health check.
-    fn take_session(&self) -> Option<Session> {
-        let session = lock(&self.session).take();
-        if let Some(w) = session.as_ref().and_then(|s| s.watcher.as_ref()) {
-            w.unwatch();
-        }
-        session
-    }
-
-    fn probe(&self) -> Option<Probe> {
-        lock(&self.session).as_ref().map(Session::probe)
     }
 }
 
@@ -451,15 +353,11 @@ impl LockBackend for PostgresBackend {
         let Some(gate) = self.shared.gates.try_enter(id) else {
             return Ok(None);
         };
-        match self.one_try(id, gate, req.started).await? {
-            TryOutcome::Granted(s, g, token, sent) => {
-                Ok(Some(self.grant(req.monitor, id, s, g, token, sent)))
+        match self.one_try(id, gate, req.started, None).await? {
+            TryOutcome::Granted(on, g, token, sent) => {
+                Ok(Some(self.grant(req.monitor, id, on, g, token, sent)))
             }
-            TryOutcome::Busy(s, g) => {
-                self.shared.checkin(s);
-                drop(g);
-                Ok(None)
-            }
+            TryOutcome::Busy(_) => Ok(None),
         }
     }
 
@@ -468,121 +366,65 @@ impl LockBackend for PostgresBackend {
         let Some(gate) = self.shared.gates.enter_until(id, deadline).await else {
             return Ok(Waited::new(None, 1));
         };
-        // First a try: one round trip when the lock is free.
-        let (session, gate) = match self.one_try(id, gate, req.started).await? {
-            TryOutcome::Granted(s, g, token, sent) => {
-                let grant = self.grant(req.monitor, id, s, g, token, sent);
-                return Ok(Waited::new(Some(grant), 1));
-            }
-            TryOutcome::Busy(s, g) => (s, g),
-        };
-        let now = Instant::now();
-        let remaining = deadline.saturating_duration_since(now);
-        // Round up: a budget of 0.3 ms still waits 1 ms, never "0 = forever".
-        let ms = u64::try_from(remaining.as_micros().div_ceil(1000)).unwrap_or(u64::MAX);
-        if remaining.is_zero() || ms == 0 {
-            self.shared.checkin(session);
-            return Ok(Waited::new(None, 1));
-        }
-        let mut cancel = CancelOnDrop(Some(session.canceller()));
-        let give_up = deadline.checked_add(WAIT_GRACE).unwrap_or(deadline);
-        let waited = tokio::time::timeout_at(give_up, session.wait_lock(id, ms)).await;
-        match waited {
-            Ok(Ok(())) => {
-                cancel.0 = None;
-                // Granted; the token's round trip starts the validity: the wait itself may have
-                // lasted longer than the window. If this future is dropped now, the session is
-                // closed, which releases the lock.
-                let started = Instant::now();
-                match session.nextval().await {
-                    Ok(token) => match u64::try_from(token) {
-                        Ok(t) if t > 0 => {
-                            let token = FencingToken::new(t);
-                            let grant = self.grant(req.monitor, id, session, gate, token, started);
-                            Ok(Waited::new(Some(grant), 2))
-                        }
-                        _ => Err(internal(
-                            "the fencing sequence returned a non-positive value",
-                        )),
-                    },
-                    Err(e) => Err(pg_error("nextval", e)),
+        let mut gate = Some(gate);
+        let mut attempts = 0;
+        loop {
+            // A try first: one round trip when the lock is free.
+            let Some(g) = gate.take() else {
+                return Err(internal("gate vanished"));
+            };
+            attempts += 1;
+            match self.one_try(id, g, req.started, Some(deadline)).await? {
+                TryOutcome::Granted(on, g, token, sent) => {
+                    let grant = self.grant(req.monitor, id, on, g, token, sent);
+                    return Ok(Waited::new(Some(grant), attempts));
                 }
+                TryOutcome::Busy(g) => gate = g,
             }
-            Ok(Err(e)) if is_lock_timeout(&e) => {
-                // Not granted (the server's timeout and a grant are exclusive); the session is
-                // clean: the aborted implicit transaction rolled the SET back.
-                cancel.0 = None;
-                self.shared.checkin(session);
-                drop(gate);
-                Ok(Waited::new(None, 2))
+            if Instant::now() >= deadline {
+                return Ok(Waited::new(None, attempts));
             }
-            Ok(Err(e)) => {
-                cancel.0 = None;
-                Err(pg_error("pg_advisory_lock", e))
+            // Then the server's fair queue, on a session lent whole if one is free.
+            if let Some(lent) = self.shared.pool.exclusive().await? {
+                attempts += 1;
+                return Ok(match self.server_wait(lent, id, deadline).await? {
+                    Some((on, token, started)) => {
+                        let grant = self.grant(req.monitor, id, on, gate, token, started);
+                        Waited::new(Some(grant), attempts)
+                    }
+                    None => Waited::new(None, attempts),
+                });
             }
-            Err(_) => Err(Error::new(
-                ErrorKind::Unavailable,
-                NAME,
-                format!(
-                    "the server did not end a lock wait within {WAIT_GRACE:?} of its lock_timeout"
-                ),
-            )),
+            // Every session carries locks or a wait: poll with backoff (jittered so that
+            // pollers do not move in step) and look for a free session again.
+            let pause = POLL
+                .delay(attempts)
+                .min(deadline.saturating_duration_since(Instant::now()));
+            tokio::time::sleep(pause).await;
         }
     }
 
     async fn release(&self, held: Held<'_>) -> Result<bool, Error> {
         // No state: an acquisition whose outcome the Locker never saw. Our own guards already
-        // unlocked or closed its session (see `Pending` and `CancelOnDrop`).
+        // unlocked or closed its session (see `Unlocking` and `CancelOnDrop`).
         let Some(PgGrant(inner)) = held.state::<PgGrant>() else {
             return Ok(false);
         };
-        let Some(session) = inner.take_session() else {
-            // Already released, or lost and closed by the health check.
-            drop(lock(&inner.gate).take());
-            return Ok(false);
-        };
-        if session.is_closed() {
-            drop(lock(&inner.gate).take());
-            return Ok(false);
-        }
-        // If this future is dropped mid-statement, `session` is dropped and closed: the server
-        // then ends the lock with the session.
-        let result = session.unlock(inner.id).await;
-        match result {
-            Ok(true) => {
-                self.shared.checkin(session);
-                drop(lock(&inner.gate).take());
-                Ok(true)
-            }
-            Ok(false) => {
-                // The session did not hold it (someone ran pg_advisory_unlock_all on it?):
-                // don't reuse a session in an unknown state.
-                drop(session);
-                drop(lock(&inner.gate).take());
-                Ok(false)
-            }
-            Err(e) => {
-                drop(session);
-                drop(lock(&inner.gate).take());
-                Err(pg_error(
-                    "pg_advisory_unlock (the session was closed, which ends the lock)",
-                    e,
-                ))
-            }
-        }
+        inner.release().await
     }
 
     async fn extend(&self, req: ExtendRequest<'_>) -> Result<Option<Validity>, Error> {
         let Some(PgGrant(inner)) = req.held.state::<PgGrant>() else {
             return Ok(None);
         };
-        let Some(probe) = inner.probe() else {
+        let Some(probe) = lock(&inner.held).as_ref().map(|on| on.session.probe()) else {
             return Ok(None);
         };
         if probe.is_closed() {
             return Ok(None);
         }
-        match tokio::time::timeout(self.shared.cfg.health_timeout, probe.ping()).await {
+        let timeout = self.shared.pool.cfg.health_timeout;
+        match tokio::time::timeout(timeout, probe.ping()).await {
             Ok(Ok(())) => Ok(Some(Validity::new(req.started, self.shared.window()))),
             Ok(Err(e)) if e.is_closed() => Ok(None),
             Ok(Err(e)) => Err(pg_error("health check", e)),
@@ -596,12 +438,13 @@ impl LockBackend for PostgresBackend {
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
         let id = self.lock_id(key);
-        let session = self.shared.checkout(true).await?;
-        let pid = session
+        let lent = self.shared.pool.shared(None).await?;
+        let pid = lent
+            .session
             .holder_pid(id)
             .await
             .map_err(|e| pg_error("pg_locks", e))?;
-        self.shared.checkin(session);
+        drop(lent);
         Ok(pid.map(|pid| {
             HolderInfo::unknown()
                 .with_detail(format!("advisory lock {id} held by backend pid {pid}"))

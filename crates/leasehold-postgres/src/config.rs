@@ -22,9 +22,13 @@ pub const DEFAULT_PREFIX: &str = "";
 pub const DEFAULT_HEALTH_INTERVAL: Duration = Duration::from_millis(250);
 /// Default time a health check may take before the session counts as lost.
 pub const DEFAULT_HEALTH_TIMEOUT: Duration = Duration::from_millis(500);
-/// Default number of idle sessions kept for reuse.
-pub const DEFAULT_MAX_IDLE_SESSIONS: usize = 64;
-/// Default time an idle session is kept before it is closed.
+/// Default bound on the sessions (server connections) one backend opens: lock sessions, which
+/// carry any number of locks each, and sessions lent to a waiting acquisition, together.
+pub const DEFAULT_MAX_SESSIONS: usize = 10;
+/// Default `application_name` of every session (shows in `pg_stat_activity`), unless the
+/// connection string sets one.
+pub const DEFAULT_APPLICATION_NAME: &str = "leasehold";
+/// Default time a session that holds no lock is kept before it is closed.
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Default schema of the fencing sequence.
 pub const DEFAULT_FENCE_SCHEMA: &str = "public";
@@ -44,6 +48,7 @@ const OWN_PARAMS: &[&str] = &[
     "fence_sequence",
     "health_interval_ms",
     "health_timeout_ms",
+    "max_sessions",
     "max_idle_sessions",
     "idle_timeout_ms",
     "sslmode",
@@ -72,13 +77,24 @@ const OWN_PARAMS: &[&str] = &[
 /// | `fence_sequence` | `leasehold_fence` | name of the fencing sequence (created if missing) |
 /// | `health_interval_ms` | 250 | period of the health check on each lock session |
 /// | `health_timeout_ms` | 500 | how long one health check may take |
-/// | `max_idle_sessions` | 64 | idle sessions kept for reuse (0: connect per acquire) |
-/// | `idle_timeout_ms` | 60000 | an idle session unused for this long is closed |
+/// | `max_sessions` | 10 | bound on the server connections of one backend (≥ 1); see below |
+/// | `idle_timeout_ms` | 60000 | a session holding no lock, unused for this long, is closed |
 /// | `sslmode` | `prefer` | see *TLS* below |
 /// | `sslrootcert` | system roots | PEM file of the CA certificate(s) to trust; `system`: the operating system's store |
 ///
 /// Unless the string sets them, TCP keepalives are on with a 15 s idle time, a 5 s interval
-/// and 3 probes, and connecting times out after 10 s.
+/// and 3 probes, connecting times out after 10 s, and `application_name` is `leasehold`
+/// ([`DEFAULT_APPLICATION_NAME`]), so `pg_stat_activity` shows the backend's sessions.
+///
+/// # Sessions
+///
+/// `max_sessions` is the one bound on the connections a backend opens: the lock sessions
+/// (each carries any number of advisory locks) and the sessions lent to waiting acquisitions
+/// for their `pg_advisory_lock` count together, so one process never holds more than
+/// `max_sessions` connections, whatever the number of leases. The idle timeout only closes
+/// sessions that hold no lock and are not in use; it shrinks the pool after a burst and never
+/// raises the bound. `max_idle_sessions` (the bound of earlier versions, on *idle* sessions,
+/// with one session per held lock) is refused with a message that names `max_sessions`.
 ///
 /// # TLS
 ///
@@ -114,7 +130,7 @@ pub struct PostgresConfig {
     pub(crate) fence_sequence: String,
     pub(crate) health_interval: Duration,
     pub(crate) health_timeout: Duration,
-    pub(crate) max_idle_sessions: usize,
+    pub(crate) max_sessions: usize,
     pub(crate) idle_timeout: Duration,
 }
 
@@ -128,7 +144,7 @@ impl fmt::Debug for PostgresConfig {
             .field("fence_sequence", &self.fence_sequence)
             .field("health_interval", &self.health_interval)
             .field("health_timeout", &self.health_timeout)
-            .field("max_idle_sessions", &self.max_idle_sessions)
+            .field("max_sessions", &self.max_sessions)
             .field("idle_timeout", &self.idle_timeout)
             .field("sslmode", &self.tls_mode.as_str())
             .field("roots", &self.roots)
@@ -227,6 +243,9 @@ impl PostgresConfig {
         if pg.get_connect_timeout().is_none() {
             pg.connect_timeout(Duration::from_secs(10));
         }
+        if pg.get_application_name().is_none() {
+            pg.application_name(DEFAULT_APPLICATION_NAME);
+        }
         let tls_mode = if pg.get_ssl_mode() == SslMode::Require {
             TlsMode::Require
         } else {
@@ -242,7 +261,7 @@ impl PostgresConfig {
             fence_sequence: DEFAULT_FENCE_SEQUENCE.to_owned(),
             health_interval: DEFAULT_HEALTH_INTERVAL,
             health_timeout: DEFAULT_HEALTH_TIMEOUT,
-            max_idle_sessions: DEFAULT_MAX_IDLE_SESSIONS,
+            max_sessions: DEFAULT_MAX_SESSIONS,
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
         }
     }
@@ -261,10 +280,18 @@ impl PostgresConfig {
             "fence_sequence" => self.fence_sequence = value.to_owned(),
             "health_interval_ms" => self.health_interval = millis(value)?,
             "health_timeout_ms" => self.health_timeout = millis(value)?,
-            "max_idle_sessions" => {
-                self.max_idle_sessions = value
+            "max_sessions" => {
+                self.max_sessions = value
                     .parse()
-                    .map_err(|_| invalid("max_idle_sessions must be a non-negative integer"))?;
+                    .ok()
+                    .filter(|n| *n > 0)
+                    .ok_or_else(|| invalid("max_sessions must be a positive integer"))?;
+            }
+            "max_idle_sessions" => {
+                return Err(invalid(
+                    "max_idle_sessions was replaced by max_sessions, the bound on all of a \
+                     backend's sessions (each carries any number of locks)",
+                ));
             }
             "idle_timeout_ms" => self.idle_timeout = millis(value)?,
             "sslmode" => self.tls_mode = TlsMode::parse(value)?,
@@ -293,6 +320,9 @@ impl PostgresConfig {
             return Err(invalid(format!(
                 "prefix must be at most {MAX_PREFIX} bytes without NUL"
             )));
+        }
+        if self.max_sessions == 0 {
+            return Err(invalid("max_sessions must be at least 1"));
         }
         if self.health_interval.is_zero() || self.health_timeout.is_zero() {
             return Err(invalid("health interval and timeout must be positive"));
@@ -337,26 +367,28 @@ impl PostgresConfig {
         Ok(self)
     }
 
-    /// Sets how many idle sessions are kept for reuse (0 connects for every acquisition).
-    ///
-    /// A session holds one lock at a time, so `n` concurrent holders need `n` sessions; keeping
-    /// as many idle spares as the usual peak of concurrent holders saves a connection setup per
-    /// acquisition. Idle sessions unused for the [idle timeout](Self::with_idle_timeout) are
-    /// closed.
-    pub fn with_max_idle_sessions(mut self, n: usize) -> Self {
-        self.max_idle_sessions = n;
-        self
+    /// Sets the bound on the backend's sessions (server connections), at least 1: see
+    /// *Sessions* in the type's documentation.
+    pub fn with_max_sessions(mut self, n: usize) -> Result<Self, Error> {
+        self.max_sessions = n;
+        self.validate()?;
+        Ok(self)
     }
 
-    /// Sets how long an idle session is kept: a session not used for `timeout` is closed (by a
-    /// task of the backend, or when a session is next returned to the pool), so the pool
-    /// shrinks back after a burst.
+    /// The bound on the backend's sessions.
+    pub fn max_sessions(&self) -> usize {
+        self.max_sessions
+    }
+
+    /// Sets how long a session that holds no lock is kept: one unused for `timeout` is closed
+    /// (by a task of the backend), so the pool shrinks back after a burst.
     pub fn with_idle_timeout(mut self, timeout: Duration) -> Self {
         self.idle_timeout = timeout;
         self
     }
 
-    /// Sets `application_name` on every session (shows in `pg_stat_activity`).
+    /// Sets `application_name` on every session (shows in `pg_stat_activity`; default
+    /// [`DEFAULT_APPLICATION_NAME`]).
     pub fn with_application_name(mut self, name: impl Into<String>) -> Self {
         self.pg.application_name(name.into());
         self
@@ -525,13 +557,13 @@ mod tests {
     #[test]
     fn url_with_own_params() -> Result<(), Error> {
         let c = PostgresConfig::from_url(
-            "postgresql://app:s3cr%40t@db.example:6543/locks?application_name=x&prefix=svc%2F&health_interval_ms=100&health_timeout_ms=300&fence_schema=lh&fence_sequence=seq&max_idle_sessions=0&idle_timeout_ms=1500",
+            "postgresql://app:s3cr%40t@db.example:6543/locks?application_name=x&prefix=svc%2F&health_interval_ms=100&health_timeout_ms=300&fence_schema=lh&fence_sequence=seq&max_sessions=3&idle_timeout_ms=1500",
         )?;
         assert_eq!(c.prefix, "svc/");
         assert_eq!(c.health_interval, Duration::from_millis(100));
         assert_eq!(c.validity_window(), Duration::from_millis(400));
         assert_eq!(c.fence_sequence_sql(), "\"lh\".\"seq\"");
-        assert_eq!(c.max_idle_sessions, 0);
+        assert_eq!(c.max_sessions, 3);
         assert_eq!(c.idle_timeout, Duration::from_millis(1500));
         assert_eq!(c.pg.get_user(), Some("app"));
         assert_eq!(c.pg.get_password(), Some(&b"s3cr@t"[..]));
@@ -542,6 +574,8 @@ mod tests {
         assert_eq!(c.pg.get_keepalives_idle(), Duration::from_secs(15));
         let c2 = PostgresConfig::from_url("postgres://u@h/d?keepalives_idle=60")?;
         assert_eq!(c2.pg.get_keepalives_idle(), Duration::from_secs(60));
+        assert_eq!(c2.pg.get_application_name(), Some(DEFAULT_APPLICATION_NAME));
+        assert_eq!(c2.max_sessions, DEFAULT_MAX_SESSIONS);
         let c3 = PostgresConfig::from_url("host=h keepalives_idle = 61 user=u")?;
         assert_eq!(c3.pg.get_keepalives_idle(), Duration::from_secs(61));
         let dbg = format!("{c:?}");
@@ -604,6 +638,9 @@ mod tests {
             "postgres://u:hunter2@h/db?sslrootcert=",
             "postgres://u:hunter2@h/db?health_interval_ms=0",
             "postgres://u:hunter2@h/db?fence_sequence=",
+            "postgres://u:hunter2@h/db?max_sessions=0",
+            "postgres://u:hunter2@h/db?max_sessions=many",
+            "postgres://u:hunter2@h/db?max_idle_sessions=4",
             "postgres://u:hunter2@h/db?bogus=1",
             "postgres://u:hunter2@h:notaport/db",
             "host=h password=hunter2 sslmode=bogus",

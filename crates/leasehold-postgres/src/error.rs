@@ -44,14 +44,20 @@ fn classify(e: &tokio_postgres::Error) -> ErrorKind {
     if e.is_closed() {
         return ErrorKind::Unavailable;
     }
-    let Some(code) = e.code() else {
+    classify_code(e.code().map(SqlState::code))
+}
+
+/// The kind for a SQLSTATE (`None`: no server error, e.g. I/O or a timeout).
+fn classify_code(code: Option<&str>) -> ErrorKind {
+    let Some(code) = code else {
         // I/O, connect, timeouts, protocol: the server is unreachable or went away.
         return ErrorKind::Unavailable;
     };
-    let code = code.code();
     match code {
-        // Connection exceptions, insufficient resources (too many connections), operator
-        // intervention (shutdown, starting up), system errors.
+        // Connection exceptions; insufficient resources: too many connections (53300) and
+        // `out of shared memory` (53200: the server's shared lock table is full, which fails
+        // every new lock on the server until locks are released); operator intervention
+        // (shutdown, starting up); system errors.
         _ if code.starts_with("08")
             || code.starts_with("53")
             || code.starts_with("57P")
@@ -64,5 +70,25 @@ fn classify(e: &tokio_postgres::Error) -> ErrorKind {
             ErrorKind::InvalidConfig
         }
         _ => ErrorKind::Backend,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resource_exhaustion_is_unavailable() {
+        for (state, kind) in [
+            (SqlState::OUT_OF_MEMORY, ErrorKind::Unavailable), // 53200: shared lock table full
+            (SqlState::TOO_MANY_CONNECTIONS, ErrorKind::Unavailable),
+            (SqlState::ADMIN_SHUTDOWN, ErrorKind::Unavailable),
+            (SqlState::INVALID_PASSWORD, ErrorKind::InvalidConfig),
+            (SqlState::LOCK_NOT_AVAILABLE, ErrorKind::Backend),
+        ] {
+            assert_eq!(classify_code(Some(state.code())), kind, "{}", state.code());
+        }
+        assert_eq!(SqlState::OUT_OF_MEMORY.code(), "53200");
+        assert_eq!(classify_code(None), ErrorKind::Unavailable);
     }
 }

@@ -1,9 +1,10 @@
 //! The in-process gate: one local holder (or attempt) per advisory-lock key and backend.
 //!
-//! Exclusion itself comes from PostgreSQL, since every lease has a session of its own. The gate
-//! only keeps local contenders off the server: 32 tasks of one process waiting for one key
-//! queue here (FIFO) and use one session between them, instead of 32 sessions each blocked in
-//! `pg_advisory_lock`.
+//! Sessions are shared by many locks and PostgreSQL's advisory locks are re-entrant within a
+//! session, so the server alone cannot keep two tasks of this process apart: the gate does.
+//! It also keeps local contenders off the server: 32 tasks of one process waiting for one key
+//! queue here (FIFO) and only the head talks to the server, instead of 32 waits each blocking
+//! a session in `pg_advisory_lock`.
 
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};

@@ -6,39 +6,77 @@
 //! connection would both "get" it), and a holder whose connection died no longer holds
 //! anything, without being told. [`PostgresBackend`] turns it into a safe lease:
 //!
-//! - **Its own sessions.** Every held lease has a connection of its own, opened and owned by
-//!   the backend and never handed to an application pool while it holds a lock. Two tasks of
-//!   one process therefore never "hold" a key through one session. A pool keeps *idle*
-//!   sessions (holding no lock) for reuse, so an acquisition normally costs one round trip,
-//!   not a connect: up to `max_idle_sessions` (64), each closed once unused for
-//!   `idle_timeout_ms` (60 s), so the pool follows the peak of concurrent holders and shrinks
-//!   back after it.
-//! - **In-process queue.** Local contenders for one key queue in the process (first come,
-//!   first served) and only the head of the queue talks to the server: 32 local waiters use
-//!   one session, not 32.
+//! - **Its own sessions, shared by many locks, bounded.** Locks live on sessions the backend
+//!   opens and owns, never on a connection an application pool hands out. One session
+//!   carries any number of locks (a PostgreSQL session may hold any number of advisory
+//!   locks), so a process holding thousands of leases uses a handful of server connections:
+//!   at most `max_sessions` (default 10, [`DEFAULT_MAX_SESSIONS`]) per backend, whatever the
+//!   number of leases; sessions that carry no lock and run nothing for `idle_timeout_ms`
+//!   (60 s) are closed, so the pool shrinks back after a burst. Every session carries
+//!   `application_name = leasehold` unless the connection string names another, so
+//!   `pg_stat_activity` shows them. A statement goes to the open session with the fewest
+//!   statements in flight (among equals, the one with the most locks, so locks gather and
+//!   other sessions fall idle), and a new session is opened only when every open one is busy.
+//! - **In-process gate.** PostgreSQL's advisory locks are re-entrant within a session, so two
+//!   tasks of this process sharing a session would both "get" a key. A gate per key keeps
+//!   one local holder (or attempt) per key and backend: local contenders queue in the process
+//!   (first come, first served) and only the head of the queue talks to the server; the gate
+//!   opens only once the holder's unlock is done (or its session is gone).
 //! - **One round trip, with the token.** `try_acquire` is one prepared statement:
 //!   `SELECT CASE WHEN pg_try_advisory_lock($1) THEN nextval('"public"."leasehold_fence"') END`.
 //!   The fencing token comes from a sequence (created with `CREATE SEQUENCE IF NOT EXISTS` on
 //!   first use; schema and name are configurable): it strictly increases across every grant
 //!   of every key, and survives server restarts (sequences never go back, even after a crash).
-//! - **Native, fair waiting.** `acquire` with a budget tries once, then blocks in
-//!   `pg_advisory_lock` (PostgreSQL's queue is fair) under a `lock_timeout` equal to the
-//!   remaining budget, rounded up to whole milliseconds and never 0 (which would mean "no
-//!   timeout"). The `SET`, the lock and a `RESET` go in one simple-protocol message, which
-//!   PostgreSQL runs as one implicit transaction: on timeout the transaction aborts and the
-//!   `SET` is rolled back, on success `RESET` runs, so the timeout is never left on the
-//!   session. A grant and a lock timeout are exclusive on the server, so the race where the
-//!   lock is granted just as the timeout fires has one answer: whichever the server sends.
-//!   After a grant, a `nextval` round trip mints the token and starts the validity (the wait
-//!   may have been long).
-//! - **Release checks its answer.** `pg_advisory_unlock` returns whether the session held the
-//!   lock; `false` is reported as "not held". A session whose unlock failed is closed.
-//! - **Told when lost.** Each lock session is watched: the moment its connection ends
-//!   (`pg_terminate_backend`, server restart, a reset), and otherwise by a health check
-//!   (`SELECT 1`) every `health_interval` (default 250 ms) that must answer within
-//!   `health_timeout` (default 500 ms). A lease's validity is the start of its last successful
-//!   check plus `health_interval + health_timeout` (the *validity window*, 750 ms by default);
-//!   a failed check fires the lease's lost signal and closes the session. TCP keepalives are
+//! - **Native, fair waiting.** `acquire` with a budget tries once on a shared session, then
+//!   blocks in `pg_advisory_lock` (PostgreSQL's queue is fair) on a session **lent whole**
+//!   from the same bound: one that carries no lock and runs nothing, or a new one if the pool
+//!   is below `max_sessions`. A waiting session can run nothing else (statements on one
+//!   connection run in order), which is why waits never share a session with held locks: an
+//!   unlock or a health check behind a blocked wait would stall. The wait runs under a
+//!   `lock_timeout` equal to the remaining budget, rounded up to whole milliseconds and never
+//!   0 (which would mean "no timeout"). The `SET`, the lock and a `RESET` go in one
+//!   simple-protocol message, which PostgreSQL runs as one implicit transaction: on timeout
+//!   the transaction aborts and the `SET` is rolled back, on success `RESET` runs, so the
+//!   timeout is never left on the session. A grant and a lock timeout are exclusive on the
+//!   server, so the race where the lock is granted just as the timeout fires has one answer.
+//!   After a grant, a `nextval` round trip mints the token and starts the validity, and the
+//!   session goes back to the pool, carrying the lock, for shared use. **When no session can
+//!   be lent whole** (every one carries locks and the bound is reached), the acquisition
+//!   polls instead: a try on a shared session, then a jittered pause (up to 4, 8, … 50 ms),
+//!   looking for a free session again each round. Such a waiter is not in the server's queue,
+//!   so it can be overtaken; PostgreSQL's fairness holds for waiters that got a session. Keep
+//!   `max_sessions` above the number of concurrent waits you expect, plus one or two for the
+//!   locks held.
+//! - **A full pool.** If every session is lent whole to waits, a `try_acquire` fails at once
+//!   with [`ErrorKind::Unavailable`](leasehold_core::ErrorKind::Unavailable) (retryable), and
+//!   a waiting acquisition waits for a session within its budget, then fails `Unavailable`
+//!   too (through a [`Locker`](leasehold_core::Locker) the budget ends in a `Timeout` whose
+//!   source is that error). The backend never opens more than `max_sessions` connections, so
+//!   it never meets the server's `too many clients` on its own account.
+//! - **The server's lock table.** Advisory locks live in the server's shared lock table,
+//!   which holds about `max_locks_per_transaction × (max_connections +
+//!   max_prepared_transactions)` locks for the whole server (6,400 with the defaults 64 ×
+//!   (100 + 0); the table has some slack, so somewhat more fit in practice; every session's
+//!   locks count, not only ours). When it is full, PostgreSQL
+//!   answers `out of shared memory` (SQLSTATE 53200) to every new lock on the server; the
+//!   backend reports it as `Unavailable` (retryable). Raise `max_locks_per_transaction` on a
+//!   server that must carry many locks.
+//! - **Release checks its answer, and retries.** `pg_advisory_unlock` returns whether the
+//!   session held the lock; `false` is reported as "not held". A release whose connection
+//!   ended reports "not held" (the lock ended with the session). An unlock that fails while
+//!   the connection is up is sent again, 4 times over some 70 ms; if it still fails,
+//!   `release` returns `Unavailable` and the unlock goes on **in the background**, with
+//!   backoff (up to 1 s apart), until it succeeds or the session ends; the key's gate stays
+//!   closed until then, so no task of this process takes the key meanwhile.
+//! - **Told when lost.** Each session has one health check, not one per lease: the moment its
+//!   connection ends (`pg_terminate_backend`, server restart, a reset), and otherwise by a
+//!   `SELECT 1` every `health_interval` (default 250 ms, only while the session carries a
+//!   lock) that must answer within `health_timeout` (default 500 ms). A lease's validity is
+//!   the start of its session's last successful check plus `health_interval +
+//!   health_timeout` (the *validity window*, 750 ms by default). When a session is lost
+//!   (connection ended, or a check failed or timed out), **every** lease on it is reported
+//!   lost, each with the reason, and the session leaves the pool (closed, which ends any lock
+//!   the server still has on it); leases on other sessions are untouched. TCP keepalives are
 //!   on (15 s idle, 5 s interval, 3 probes) unless the connection string says otherwise.
 //! - **TLS via rustls** (ring provider): `sslmode=require|verify-ca|verify-full` with
 //!   `sslrootcert=<PEM file>` (else the system's roots). `verify-full` checks the chain and
@@ -147,27 +185,33 @@
 //!
 //! # Cancellation and drop
 //!
-//! - **A dropped `try_acquire`** (or the first, non-blocking step of `acquire`): the statement
-//!   may already be on its way. The backend queues `pg_advisory_unlock` behind it on the same
-//!   connection (statements on one connection run in order) in a background task, then returns
-//!   the session to the idle pool. With no runtime left, the session is closed instead, which
-//!   ends its locks.
+//! - **A dropped `try_acquire`** (or the try step of `acquire`): the statement may already be
+//!   on its way. The backend queues `pg_advisory_unlock` behind it on the same session
+//!   (statements on one connection run in order) in a background task, retried until it
+//!   answers or the session ends; the key's gate stays closed until then. With no runtime
+//!   left, the session is taken out of the pool instead, and closes (ending the lock) once
+//!   its other locks are released.
 //! - **A dropped waiting `acquire`**: a cancel request (`pg_cancel_backend` over the protocol,
 //!   tokio-postgres' `CancelToken`) is sent for the blocked `pg_advisory_lock`, and the session
-//!   is closed, so the cancel can never hit a later statement and a grant that won the race
-//!   dies with the session. Even without a runtime (no cancel sent), the server stops waiting
-//!   at the `lock_timeout` (the remaining budget) and then finds the connection gone.
+//!   lent to the wait is closed (it carries no other lock), so the cancel can never hit a
+//!   later statement and a grant that won the race dies with the session. Even without a
+//!   runtime (no cancel sent), the server stops waiting at the `lock_timeout` (the remaining
+//!   budget) and then finds the connection gone.
 //! - **Release on drop is not immediate**: dropping a [`Lease`](leasehold_core::Lease) spawns
 //!   its release (see core); until it runs, the lock stays held. Dropping the release future
-//!   mid-statement closes the session, which ends the lock.
-//! - The health check of a lease stops when the lease is released, dropped or lost.
+//!   mid-statement hands the unlock to the background, as a failed unlock is (see *Release*
+//!   above).
+//! - A lease stops being checked when it is released, dropped or lost; the session's check
+//!   goes on while the session carries other locks.
 
 mod backend;
 mod config;
 mod error;
 mod fence;
 mod gate;
+mod grant;
 mod key;
+mod pool;
 mod probe;
 mod session;
 mod tls;
@@ -176,8 +220,9 @@ mod xact;
 
 pub use backend::PostgresBackend;
 pub use config::{
-    DEFAULT_FENCE_SCHEMA, DEFAULT_FENCE_SEQUENCE, DEFAULT_HEALTH_INTERVAL, DEFAULT_HEALTH_TIMEOUT,
-    DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_IDLE_SESSIONS, DEFAULT_PREFIX, PostgresConfig, SCHEMES,
+    DEFAULT_APPLICATION_NAME, DEFAULT_FENCE_SCHEMA, DEFAULT_FENCE_SEQUENCE,
+    DEFAULT_HEALTH_INTERVAL, DEFAULT_HEALTH_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_SESSIONS,
+    DEFAULT_PREFIX, PostgresConfig, SCHEMES,
 };
 pub use fence::PostgresFenceStore;
 pub use key::{NUMERIC_KEY_PREFIX, advisory_key, numeric_key, pg_locks_ids};

@@ -1,5 +1,5 @@
-//! Sessions: one PostgreSQL connection each, owned by the backend, never shared while a lock
-//! is held.
+//! Sessions: one PostgreSQL connection each, owned by the backend's pool and never handed to
+//! application code; one session carries any number of the backend's locks.
 
 use std::sync::Arc;
 
@@ -24,8 +24,6 @@ pub(crate) struct Session {
     closed: watch::Receiver<bool>,
     /// The TLS connector the session was opened with (cancel requests need it too).
     tls: Option<Tls>,
-    /// Whether it was just opened (not taken from the idle pool).
-    pub(crate) fresh: bool,
     /// The health-check task of this session (see [`Watcher`]); it stops when the
     /// session is dropped.
     pub(crate) watcher: Option<Watcher>,
@@ -112,7 +110,6 @@ impl Session {
             }),
             closed,
             tls,
-            fresh: true,
             watcher: None,
         })
     }

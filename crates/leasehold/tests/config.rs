@@ -367,3 +367,26 @@ async fn correctness_refuses_redlock_with_the_reason() {
     // The same configuration for efficiency builds.
     assert!(cfg.with_require(Require::Efficiency).build().await.is_ok());
 }
+
+/// PostgreSQL's session bound is a driver option: `max_sessions` in the URL's query or in
+/// `[backend.options]`; the replaced `max_idle_sessions` is refused with a pointer to it.
+#[cfg(feature = "postgres")]
+#[test]
+fn postgres_max_sessions_is_a_backend_option() {
+    use leasehold::postgres::{DEFAULT_MAX_SESSIONS, PostgresConfig};
+    let cfg = LockConfig::from_toml_str(
+        "[backend]\nscheme = \"postgres\"\nhosts = [\"127.0.0.1:5432\"]\nuser = \"app\"\n\
+         database = \"locks\"\n[backend.options]\nmax_sessions = \"8\"",
+    )
+    .unwrap();
+    let url = cfg.backend.clone().unwrap().to_url();
+    assert_eq!(PostgresConfig::from_url(&url).unwrap().max_sessions(), 8);
+    let url = "postgres://app@127.0.0.1/locks";
+    assert_eq!(
+        PostgresConfig::from_url(url).unwrap().max_sessions(),
+        DEFAULT_MAX_SESSIONS
+    );
+    let e = PostgresConfig::from_url(&format!("{url}?max_idle_sessions=4")).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidConfig);
+    assert!(e.to_string().contains("max_sessions"), "{e}");
+}
