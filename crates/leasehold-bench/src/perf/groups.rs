@@ -172,7 +172,7 @@ fn postgres_subjects(conninfo: &str) -> Vec<Subject> {
         app: t.app.clone(),
     };
     let (c, c2) = (conninfo.to_owned(), conninfo.to_owned());
-    let ours = "leasehold PostgresBackend (a session per held lock)";
+    let ours = "leasehold PostgresBackend (shared sessions, max_sessions = 10)";
     let raw =
         "raw prepared pg_try_advisory_lock + unlock (one connection; waits in the server queue)";
     #[cfg_attr(not(feature = "peers"), allow(unused_mut))]

@@ -199,7 +199,7 @@ fn throughput_table(groups: &[(&str, Vec<&Row>)], rt: &str, p: &Params) -> Table
     }
     t.note(
         "Shared clients (a `Locker`, a multiplexed connection, a peer's pool) serve all C tasks; \
-         our PostgreSQL backend opens a session per held lock. Each figure is two runs that \
+         our PostgreSQL backend shares at most `max_sessions` (10) sessions among all its locks. Each figure is two runs that \
          alternate with the other implementations of the row's backend; *locks left* sums \
          over the task counts."
             .to_owned(),
