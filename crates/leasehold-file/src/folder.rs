@@ -103,7 +103,6 @@ fn check(dir: &Path, sharing: Sharing) -> Result<(), String> {
         && let Ok(p) = fs::metadata(parent)
         && p.mode() & GROUP_OTHER_WRITE != 0
         && p.mode() & STICKY == 0
-        && p.uid() != euid()
     {
         return Err(format!(
             "the folder above the lock folder, {}, is writable by other users without the \
