@@ -167,10 +167,14 @@ impl EtcdConfig {
         if endpoints.is_empty() {
             return Err(invalid("an etcd URL needs at least one host:port"));
         }
-        for e in &endpoints {
+        for (i, e) in endpoints.iter().enumerate() {
             if !e.contains(':') {
+                // Not quoted: a password holding `/ ? #` unencoded ends up here.
                 return Err(invalid(format!(
-                    "endpoint {e:?} has no port (etcd listens on 2379 by default)"
+                    "endpoint {} of {} has no port (etcd listens on 2379 by default; \
+                     percent-encode a password holding `/ ? # @`)",
+                    i + 1,
+                    endpoints.len()
                 )));
             }
         }

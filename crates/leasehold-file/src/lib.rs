@@ -114,7 +114,7 @@ use leasehold_core::driver::{Driver, Opening, Target, connecting};
 use leasehold_core::{
     Capabilities, DEFAULT_MAX_TTL, Error, ErrorKind, ExtendRequest, FencingKind, FencingToken,
     Grant, Held, HolderInfo, LeaseMonitor, LockBackend, LockKey, LockRequest, Owner, RenewalKind,
-    SafetyClass, Validity, WaitKind, Waited,
+    SafetyClass, Validity, WaitKind, Waited, redact,
 };
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use sha2::{Digest, Sha256};
@@ -188,7 +188,7 @@ impl FileConfig {
     pub fn from_url(url: &str) -> Result<Self, Error> {
         let rest = url
             .strip_prefix("file://")
-            .ok_or_else(|| invalid(format!("{url:?}: a file URL starts with file://")))?;
+            .ok_or_else(|| invalid(format!("{}: a file URL starts with file://", redact(url))))?;
         let (path, query) = rest.split_once('?').unwrap_or((rest, ""));
         let mut config = if path.is_empty() {
             Self::default()
@@ -196,7 +196,8 @@ impl FileConfig {
             Self::new(path)
         } else {
             return Err(invalid(format!(
-                "{url:?}: the folder must be an absolute path (file:///path/to/dir)"
+                "{}: the folder must be an absolute path (file:///path/to/dir)",
+                redact(url)
             )));
         };
         for option in query.split('&').filter(|o| !o.is_empty()) {
@@ -205,7 +206,9 @@ impl FileConfig {
                 "shared=false" | "shared=0" => config.with_shared(false),
                 _ => {
                     return Err(invalid(format!(
-                        "{url:?}: unknown option {option:?} (the one option is shared=true)"
+                        "{}: unknown option {} (the one option is shared=true)",
+                        redact(url),
+                        redact(option)
                     )));
                 }
             };

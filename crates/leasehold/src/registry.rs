@@ -127,12 +127,23 @@ pub(crate) fn open(field: &str, scheme: &str, target: &Target<'_>) -> Result<Ope
     Err(Error::new(ErrorKind::InvalidConfig, CONFIG, msg))
 }
 
-/// Re-labels a driver's parse error with the configuration field it came from.
+/// Re-labels a driver's parse error with the configuration field it came from. The driver's
+/// error is not kept as the source: its message, unredacted, would show in `Debug`.
 fn at_field(field: &str, e: Error) -> Error {
     let msg = format!("`{field}`: {}", redact(e.message()));
-    Error::new(e.kind(), e.backend().to_owned(), msg)
-        .with_retryable(e.is_retryable())
-        .with_source(e)
+    Error::new(e.kind(), e.backend().to_owned(), msg).with_retryable(e.is_retryable())
+}
+
+/// Refuses a URL whose password holds `/ ? # @` unencoded: a URL parser would read a piece of
+/// it as the host (and look it up, and name it in errors). Nothing of the URL is quoted.
+pub(crate) fn check_encoded(field: &str, url: &str) -> Result<(), Error> {
+    if leasehold_core::redaction::has_unencoded_userinfo(url) {
+        return Err(invalid(format!(
+            "`{field}`: the password in the URL holds `/`, `?`, `#` or `@` unencoded; \
+             percent-encode it (%2F, %3F, %23, %40) or use a [backend] table"
+        )));
+    }
+    Ok(())
 }
 
 /// The invalid-configuration error of the facade.
