@@ -4,6 +4,8 @@
 //! Tests that hand a file or folder to another user need root (to `chown` to `nobody`); run as
 //! another user they check what they can and say what they skipped.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt, symlink};
 use std::path::{Path, PathBuf};

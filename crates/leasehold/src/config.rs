@@ -151,7 +151,10 @@ pub struct DriftConfig {
 /// # Secrets
 ///
 /// `Debug`, `Display` and every error show URLs with the password replaced by `***`, and never
-/// the `[backend]` password.
+/// the `[backend]` password (the rules are [`redact`]'s). A URL whose password holds
+/// `/ ? # @` unencoded is refused (percent-encode it, or use a `[backend]` table): a URL
+/// parser would take part of it for the host name. TOML errors name the line and the key,
+/// never the value, which may be a password of the wrong type.
 #[derive(Clone, Default, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 #[non_exhaustive]
