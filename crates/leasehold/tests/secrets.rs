@@ -40,6 +40,17 @@ fn forms(secret: &str) -> Vec<String> {
     vec![secret.to_owned(), encoded]
 }
 
+/// Calls `f` with each template, its `{s}` replaced by every secret in every form.
+fn each_secret_in(templates: &[&str], mut f: impl FnMut(&str)) {
+    for secret in secrets() {
+        for s in forms(&secret) {
+            for t in templates {
+                f(&t.replace("{s}", &s));
+            }
+        }
+    }
+}
+
 thread_local! {
     /// Every leak found by the running test (reported all at once by [`no_leaks`]).
     static LEAKS: std::cell::RefCell<Vec<String>> = const { std::cell::RefCell::new(Vec::new()) };
@@ -265,15 +276,12 @@ fn toml_errors_do_not_echo_values() {
 #[test]
 fn file_config() {
     use leasehold::FileConfig;
-    for secret in secrets() {
-        for url in [
-            format!("file:///tmp/x?password={secret}"),
-            format!("file:///tmp/x?token={secret}&shared=true"),
-            format!("file://u:{secret}@h/tmp"),
-        ] {
-            check(&url, &FileConfig::from_url(&url));
-        }
-    }
+    let urls = [
+        "file:///tmp/x?password={s}",
+        "file:///tmp/x?token={s}&shared=true",
+        "file://u:{s}@h/tmp",
+    ];
+    each_secret_in(&urls, |url| check(url, &FileConfig::from_url(url)));
     no_leaks();
 }
 
@@ -281,29 +289,28 @@ fn file_config() {
 #[test]
 fn redis_configs() {
     use leasehold::redis::{RedisConfig, RedlockConfig};
-    for secret in secrets() {
-        for s in forms(&secret) {
-            for url in [
-                format!("redis://u:{s}@127.0.0.1:1/0"),
-                format!("redis://:{s}@127.0.0.1:1/0?fair_queue_ms=500"),
-                format!("rediss://u:{s}@127.0.0.1:1/0"),
-                format!("redis-cluster://u:{s}@127.0.0.1:1,127.0.0.1:2"),
-                format!("redis+unix:///tmp/r.sock?pass={s}"),
-                format!("redis+unix:///tmp/r.sock?db=1&pass={s}"),
-                format!("unix:///tmp/r.sock?pass={s}"),
-                format!("redis://u:{s}@127.0.0.1:x/0"),
-                format!("redis://u:{s}@127.0.0.1:1/0?fair_queue_ms=1"),
-            ] {
-                check(&url, &RedisConfig::from_url(&url));
-                check(&url, &RedisConfig::cluster([&url]));
-            }
-            let nodes = [1, 2, 3].map(|p| format!("redis://u:{s}@127.0.0.1:{p}/0"));
-            check("redlock nodes", &RedlockConfig::from_urls(&nodes));
-            let twice = [1, 1, 3].map(|p| format!("redis://u:{s}@127.0.0.1:{p}/0"));
-            check("redlock nodes twice", &RedlockConfig::from_urls(&twice));
-            check("redlock one node", &RedlockConfig::from_urls(&nodes[..1]));
-        }
-    }
+    let urls = [
+        "redis://u:{s}@127.0.0.1:1/0",
+        "redis://:{s}@127.0.0.1:1/0?fair_queue_ms=500",
+        "rediss://u:{s}@127.0.0.1:1/0",
+        "redis-cluster://u:{s}@127.0.0.1:1,127.0.0.1:2",
+        "redis+unix:///tmp/r.sock?pass={s}",
+        "redis+unix:///tmp/r.sock?db=1&pass={s}",
+        "unix:///tmp/r.sock?pass={s}",
+        "redis://u:{s}@127.0.0.1:x/0",
+        "redis://u:{s}@127.0.0.1:1/0?fair_queue_ms=1",
+    ];
+    each_secret_in(&urls, |url| {
+        check(url, &RedisConfig::from_url(url));
+        check(url, &RedisConfig::cluster([url]));
+    });
+    each_secret_in(&["redis://u:{s}@127.0.0.1:"], |node| {
+        let nodes = [1, 2, 3].map(|p| format!("{node}{p}/0"));
+        check("redlock nodes", &RedlockConfig::from_urls(&nodes));
+        let twice = [1, 1, 3].map(|p| format!("{node}{p}/0"));
+        check("redlock nodes twice", &RedlockConfig::from_urls(&twice));
+        check("redlock one node", &RedlockConfig::from_urls(&nodes[..1]));
+    });
     no_leaks();
 }
 
@@ -311,22 +318,17 @@ fn redis_configs() {
 #[test]
 fn postgres_config() {
     use leasehold::postgres::PostgresConfig;
-    for secret in secrets() {
-        for s in forms(&secret) {
-            for url in [
-                format!("postgres://u:{s}@127.0.0.1:1/db"),
-                format!("postgresql://u:{s}@127.0.0.1:1/db?sslmode=require"),
-                format!("postgres://127.0.0.1:1/db?password={s}"),
-                format!("postgres://u:{s}@127.0.0.1:1/db?sslmode=nope"),
-                format!("postgres://u:{s}@127.0.0.1:1/db?nosuch=1"),
-                format!("postgres://u:{s}@127.0.0.1:1/db?sslrootcert=/no/such"),
-                format!("host=127.0.0.1 user=u password={s}"),
-                format!("host=127.0.0.1 user=u password='{s}' sslmode=nope"),
-            ] {
-                check(&url, &PostgresConfig::from_url(&url));
-            }
-        }
-    }
+    let urls = [
+        "postgres://u:{s}@127.0.0.1:1/db",
+        "postgresql://u:{s}@127.0.0.1:1/db?sslmode=require",
+        "postgres://127.0.0.1:1/db?password={s}",
+        "postgres://u:{s}@127.0.0.1:1/db?sslmode=nope",
+        "postgres://u:{s}@127.0.0.1:1/db?nosuch=1",
+        "postgres://u:{s}@127.0.0.1:1/db?sslrootcert=/no/such",
+        "host=127.0.0.1 user=u password={s}",
+        "host=127.0.0.1 user=u password='{s}' sslmode=nope",
+    ];
+    each_secret_in(&urls, |url| check(url, &PostgresConfig::from_url(url)));
     no_leaks();
 }
 
@@ -337,20 +339,17 @@ fn etcd_config() {
     for secret in secrets() {
         let c = EtcdConfig::new(["127.0.0.1:1"]).with_user("u", secret.clone());
         assert_hidden("Debug of EtcdConfig", &format!("{c:?}"));
-        for s in forms(&secret) {
-            for url in [
-                format!("etcd://u:{s}@127.0.0.1:1"),
-                format!("etcd://u:{s}@127.0.0.1:1,127.0.0.1:2?prefix=p/"),
-                format!("etcd://u:{s}@127.0.0.1"),
-                format!("etcd://u:{s}@127.0.0.1:1?nosuch=1"),
-                format!("etcd://u:{s}@127.0.0.1:1/path"),
-                format!("etcd://127.0.0.1:1?token={s}"),
-                format!("etcd://127.0.0.1:1?password={s}"),
-                format!("etcds://u:{s}@127.0.0.1:1?ca=/no/such"),
-            ] {
-                check(&url, &EtcdConfig::from_url(&url));
-            }
-        }
     }
+    let urls = [
+        "etcd://u:{s}@127.0.0.1:1",
+        "etcd://u:{s}@127.0.0.1:1,127.0.0.1:2?prefix=p/",
+        "etcd://u:{s}@127.0.0.1",
+        "etcd://u:{s}@127.0.0.1:1?nosuch=1",
+        "etcd://u:{s}@127.0.0.1:1/path",
+        "etcd://127.0.0.1:1?token={s}",
+        "etcd://127.0.0.1:1?password={s}",
+        "etcds://u:{s}@127.0.0.1:1?ca=/no/such",
+    ];
+    each_secret_in(&urls, |url| check(url, &EtcdConfig::from_url(url)));
     no_leaks();
 }
