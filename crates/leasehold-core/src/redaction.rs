@@ -68,6 +68,22 @@ pub fn has_unencoded_userinfo(text: &str) -> bool {
     })
 }
 
+/// [`has_unencoded_userinfo`] as a driver's parse check: an [`ErrorKind::InvalidConfig`]
+/// error of `backend` that quotes nothing of the URL.
+///
+/// [`ErrorKind::InvalidConfig`]: crate::ErrorKind::InvalidConfig
+pub fn refuse_unencoded_userinfo(backend: &'static str, url: &str) -> Result<(), crate::Error> {
+    if has_unencoded_userinfo(url) {
+        return Err(crate::Error::new(
+            crate::ErrorKind::InvalidConfig,
+            backend,
+            "the password in the URL holds `/`, `?`, `#` or `@` unencoded: percent-encode it \
+             (%2F, %3F, %23, %40)",
+        ));
+    }
+    Ok(())
+}
+
 /// Whether an option of this name holds a secret: `pass`, `token`, or a name ending in
 /// `password`, compared without case. For `Debug` impls of option tables.
 pub fn is_secret_name(name: &str) -> bool {

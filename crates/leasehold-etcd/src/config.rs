@@ -132,6 +132,7 @@ impl EtcdConfig {
     /// required) and `domain`. User and password may be percent-encoded. Errors never repeat
     /// the password.
     pub fn from_url(url: &str) -> Result<Self, Error> {
+        leasehold_core::redaction::refuse_unencoded_userinfo(NAME, url)?;
         let (scheme, rest) = url
             .split_once("://")
             .ok_or_else(|| invalid("an etcd URL starts with etcd:// or etcds://"))?;

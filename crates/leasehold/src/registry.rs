@@ -134,16 +134,12 @@ fn at_field(field: &str, e: Error) -> Error {
     Error::new(e.kind(), e.backend().to_owned(), msg).with_retryable(e.is_retryable())
 }
 
-/// Refuses a URL whose password holds `/ ? # @` unencoded: a URL parser would read a piece of
-/// it as the host (and look it up, and name it in errors). Nothing of the URL is quoted.
+/// Refuses a URL whose password holds `/ ? # @` unencoded, whatever its driver: a URL parser
+/// would read a piece of it as the host (and look it up, and name it in errors). Nothing of
+/// the URL is quoted.
 pub(crate) fn check_encoded(field: &str, url: &str) -> Result<(), Error> {
-    if leasehold_core::redaction::has_unencoded_userinfo(url) {
-        return Err(invalid(format!(
-            "`{field}`: the password in the URL holds `/`, `?`, `#` or `@` unencoded; \
-             percent-encode it (%2F, %3F, %23, %40) or use a [backend] table"
-        )));
-    }
-    Ok(())
+    leasehold_core::redaction::refuse_unencoded_userinfo(CONFIG, url)
+        .map_err(|e| at_field(field, e))
 }
 
 /// The invalid-configuration error of the facade.
