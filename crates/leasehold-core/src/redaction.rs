@@ -50,6 +50,40 @@ pub fn redact(text: &str) -> String {
     redact_options(&redact_userinfo(text))
 }
 
+/// Whether a URL in `text` has a userinfo that reaches past its authority: an `@` after a
+/// `/ ? #` ends what the redaction rules read as a password (`redis://u:a/b@h`). Such a URL
+/// means something else to a URL parser (here the host `u`, with the password's start as its
+/// port or path), so a driver would connect to, and report, a piece of the password: refuse
+/// it and ask for the password percent-encoded (`%2F %3F %23 %40`).
+pub fn has_unencoded_userinfo(text: &str) -> bool {
+    text.split_whitespace().any(|word| {
+        url_starts(word).into_iter().any(|start| {
+            let url = &word[start..];
+            let Some(rest) = url.find("://").map(|p| &url[p + 3..]) else {
+                return false;
+            };
+            let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+            userinfo_end(rest).is_some_and(|at| at > authority_end)
+        })
+    })
+}
+
+/// [`has_unencoded_userinfo`] as a driver's parse check: an [`ErrorKind::InvalidConfig`]
+/// error of `backend` that quotes nothing of the URL.
+///
+/// [`ErrorKind::InvalidConfig`]: crate::ErrorKind::InvalidConfig
+pub fn refuse_unencoded_userinfo(backend: &'static str, url: &str) -> Result<(), crate::Error> {
+    if has_unencoded_userinfo(url) {
+        return Err(crate::Error::new(
+            crate::ErrorKind::InvalidConfig,
+            backend,
+            "the password in the URL holds `/`, `?`, `#` or `@` unencoded: percent-encode it \
+             (%2F, %3F, %23, %40)",
+        ));
+    }
+    Ok(())
+}
+
 /// Whether an option of this name holds a secret: `pass`, `token`, or a name ending in
 /// `password`, compared without case. For `Debug` impls of option tables.
 pub fn is_secret_name(name: &str) -> bool {
@@ -511,6 +545,29 @@ mod tests {
                 &["S3"],
                 &["redis://h"],
             );
+        }
+    }
+
+    #[test]
+    fn unencoded_passwords_are_detected() {
+        use super::has_unencoded_userinfo as unencoded;
+        for url in [
+            "redis://u:a/b@h:1",
+            "etcd://a?b@h:1",
+            "postgres://u:x#y@h/db",
+            "x redis://:p/q@h",
+        ] {
+            assert!(unencoded(url), "{url}");
+        }
+        for url in [
+            "redis://u:a%2Fb@h:1/0",
+            "redis://h:1/0",
+            "redis+unix:///run/r.sock?pass=a@b/c",
+            "postgres://h/db?password=a/b@c",
+            "file:///tmp/x",
+            "not a url",
+        ] {
+            assert!(!unencoded(url), "{url}");
         }
     }
 

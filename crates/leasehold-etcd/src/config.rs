@@ -133,6 +133,7 @@ impl EtcdConfig {
     /// for servers that authenticate clients. User and password may be percent-encoded. Errors never repeat
     /// the password.
     pub fn from_url(url: &str) -> Result<Self, Error> {
+        leasehold_core::redaction::refuse_unencoded_userinfo(NAME, url)?;
         let (scheme, rest) = url
             .split_once("://")
             .ok_or_else(|| invalid("an etcd URL starts with etcd:// or etcds://"))?;
@@ -168,10 +169,14 @@ impl EtcdConfig {
         if endpoints.is_empty() {
             return Err(invalid("an etcd URL needs at least one host:port"));
         }
-        for e in &endpoints {
+        for (i, e) in endpoints.iter().enumerate() {
             if !e.contains(':') {
+                // Not quoted: a password holding `/ ? #` unencoded ends up here.
                 return Err(invalid(format!(
-                    "endpoint {e:?} has no port (etcd listens on 2379 by default)"
+                    "endpoint {} of {} has no port (etcd listens on 2379 by default; \
+                     percent-encode a password holding `/ ? # @`)",
+                    i + 1,
+                    endpoints.len()
                 )));
             }
         }

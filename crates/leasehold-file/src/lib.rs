@@ -27,8 +27,52 @@
 //! the key's SHA-256. `flock(1)` takes the same lock:
 //!
 //! ```text
-//! flock -n /tmp/leasehold/nightly.lock -c ./job.sh    # excludes `leasehold run --key nightly`
+//! flock -n /var/tmp/leasehold-$(id -u)/nightly.lock -c ./job.sh    # excludes `leasehold run --key nightly`
 //! ```
+//!
+//! (with the default folder; `flock(1)` follows symbolic links and creates the file with your
+//! umask: run it as the same user, in a folder of your own.)
+//!
+//! # The lock folder
+//!
+//! The default folder is `$LEASEHOLD_DIR` if set, else **`/var/tmp/leasehold-<uid>`**
+//! ([`FileConfig::per_user_dir`]), `<uid>` being the effective user id:
+//!
+//! - **One folder per user.** On a host shared with other users, a common folder such as
+//!   `/tmp/leasehold` lets whoever creates it first hold every lock forever, rewrite fence
+//!   counters (tokens would go backwards), or plant links; a folder per user gives each user
+//!   locks no one else can touch.
+//! - **Persistent.** `/var/tmp` survives logout and reboot, so fence counters keep increasing.
+//!   `$XDG_RUNTIME_DIR` would not do: it is wiped at logout (counters would restart at 1) and is
+//!   unset under cron. Some distributions age files in `/var/tmp` (`systemd-tmpfiles`, 30 days
+//!   on Fedora and Ubuntu): a key unused for that long restarts its counter at 1. When a
+//!   resource checks fencing tokens, configure a folder nobody ages (`/var/lib/<app>/locks`).
+//! - **The same in every context.** It depends on the user id alone, not on `$HOME`, `$TMPDIR`
+//!   or `$XDG_*`: a shell, cron, a systemd unit and `sudo -u` of one user all lock in the same
+//!   folder. `$LEASEHOLD_DIR` is read from the environment: set it where every context sees it
+//!   (the crontab's variables, the unit's `Environment=`), or use a `file:///dir` URL.
+//!
+//! Whatever the folder, [`FileBackend::new`] refuses one that others could tamper with
+//! ([`ErrorKind::InvalidConfig`], saying why): a symbolic link, a folder that is not ours, one
+//! writable by the group or other users, or one whose parent others can write without the
+//! sticky bit. A missing folder is created with mode 0700. Lock and fence files are opened
+//! without following symbolic links (`O_NOFOLLOW`), created with mode 0600, and checked with
+//! `fstat` before anything is written to them: a regular file with one link, owned by us.
+//! So a link, device, FIFO or hard link planted under a lock file's name is refused, and no
+//! file outside the folder is ever written or truncated. `inspect` reads at most 256 bytes
+//! of a lock or fence file.
+//!
+//! ## A folder shared by several users
+//!
+//! `file:///srv/locks?shared=true` ([`FileConfig::with_shared`]) lets several users take the
+//! same locks. The folder must exist (for a group: `install -d -m 2770 -g locks /srv/locks`);
+//! it may belong to another user and be writable by its group, but must not be a symbolic link
+//! nor writable by every user without the sticky bit. New files are made mode 0660; lock files
+//! of other users are used. What still holds: no symbolic link is followed, only regular files
+//! with one link are written, so a member cannot make another write or truncate a file outside
+//! the folder. What does not: **every user who can write the folder is trusted** — any of them
+//! can hold a lock forever, delete a lock file (two holders can follow) or rewrite a fence
+//! counter (tokens go backwards). Share a folder only with users you would let hold your locks.
 //!
 //! # What it does not guarantee
 //!
@@ -46,8 +90,8 @@
 //!
 //! # Configuration
 //!
-//! `file:///absolute/path/to/dir`, or `file://` alone for [`FileConfig::default_dir`]; see
-//! [`FileConfig::from_url`]. The folder namespaces the keys: there is no key prefix
+//! `file:///absolute/path/to/dir`, or `file://` alone for [`FileConfig::default_dir`], with
+//! `?shared=true` for a shared folder; see [`FileConfig::from_url`]. The folder namespaces the keys: there is no key prefix
 //! ([`DEFAULT_PREFIX`] is empty, and a configured prefix is ignored).
 //!
 //! [`SafetyClass::Host`]: leasehold_core::SafetyClass::Host
@@ -55,8 +99,10 @@
 
 #![cfg(unix)]
 
-use std::fs::{self, File, OpenOptions, TryLockError};
-use std::io::{self, Read, Seek, Write};
+mod folder;
+
+use std::fs::{self, File, TryLockError};
+use std::io::{self, Seek, Write};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -68,11 +114,13 @@ use leasehold_core::driver::{Driver, Opening, Target, connecting};
 use leasehold_core::{
     Capabilities, DEFAULT_MAX_TTL, Error, ErrorKind, ExtendRequest, FencingKind, FencingToken,
     Grant, Held, HolderInfo, LeaseMonitor, LockBackend, LockKey, LockRequest, Owner, RenewalKind,
-    SafetyClass, Validity, WaitKind, Waited,
+    SafetyClass, Validity, WaitKind, Waited, redact,
 };
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use sha2::{Digest, Sha256};
 use tokio::time::Instant;
+
+use folder::Sharing;
 
 /// The backend's name.
 pub const NAME: &str = "file";
@@ -93,11 +141,13 @@ fn open(target: &Target<'_>) -> Result<Opening, Error> {
     Ok(connecting(async move { FileBackend::new(config) }))
 }
 
-/// Where the lock files live, and how often a held lock is checked.
+/// Where the lock files live, whether several users share the folder, and how often a held
+/// lock is checked.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FileConfig {
     dir: PathBuf,
     check_interval: Duration,
+    sharing: Sharing,
 }
 
 impl Default for FileConfig {
@@ -112,31 +162,83 @@ impl FileConfig {
         Self {
             dir: dir.into(),
             check_interval: Duration::from_secs(1),
+            sharing: Sharing::Private,
         }
     }
 
-    /// The default folder: `$LEASEHOLD_DIR`, else `leasehold` in the system's temporary folder.
+    /// The default folder: `$LEASEHOLD_DIR` if set, else [`per_user_dir`](Self::per_user_dir)
+    /// (see "The lock folder" in the [crate docs](crate)).
     pub fn default_dir() -> PathBuf {
         std::env::var_os("LEASEHOLD_DIR")
             .filter(|d| !d.is_empty())
             .map(PathBuf::from)
-            .unwrap_or_else(|| std::env::temp_dir().join("leasehold"))
+            .unwrap_or_else(Self::per_user_dir)
     }
 
-    /// From `file:///absolute/path` (or `file://` alone for the default folder).
+    /// The folder of this user when nothing else is configured: `/var/tmp/leasehold-<uid>`,
+    /// `<uid>` being the effective user id. It depends on nothing but the user id, so a shell,
+    /// cron, a systemd unit and `sudo -u` of one user all find the same folder.
+    pub fn per_user_dir() -> PathBuf {
+        folder::per_user_dir()
+    }
+
+    /// From `file:///absolute/path` (or `file://` alone for the default folder), with the
+    /// options `?shared=true` for a folder shared by several users
+    /// ([`with_shared`](Self::with_shared)) and `check_interval_ms=N`
+    /// ([`with_check_interval`](Self::with_check_interval)).
     pub fn from_url(url: &str) -> Result<Self, Error> {
         let rest = url
             .strip_prefix("file://")
-            .ok_or_else(|| invalid(format!("{url:?}: a file URL starts with file://")))?;
-        if rest.is_empty() {
-            return Ok(Self::default());
-        }
-        if !rest.starts_with('/') {
+            .ok_or_else(|| invalid(format!("{}: a file URL starts with file://", redact(url))))?;
+        let (path, query) = rest.split_once('?').unwrap_or((rest, ""));
+        let mut config = if path.is_empty() {
+            Self::default()
+        } else if path.starts_with('/') {
+            Self::new(path)
+        } else {
             return Err(invalid(format!(
-                "{url:?}: the folder must be an absolute path (file:///path/to/dir)"
+                "{}: the folder must be an absolute path (file:///path/to/dir)",
+                redact(url)
             )));
+        };
+        for option in query.split('&').filter(|o| !o.is_empty()) {
+            let millis = option
+                .strip_prefix("check_interval_ms=")
+                .map(|v| v.parse::<u64>().map(Duration::from_millis));
+            config = match (option, millis) {
+                ("shared=true" | "shared=1", _) => config.with_shared(true),
+                ("shared=false" | "shared=0", _) => config.with_shared(false),
+                (_, Some(Ok(interval))) => config.with_check_interval(interval),
+                _ => {
+                    return Err(invalid(format!(
+                        "{}: unknown or malformed option {} (the options are shared=true and \
+                         check_interval_ms=N)",
+                        redact(url),
+                        redact(option)
+                    )));
+                }
+            };
         }
-        Ok(Self::new(rest))
+        Ok(config)
+    }
+
+    /// A folder shared by several users (`?shared=true` in a URL): it may belong to another
+    /// user and be writable by its group, and lock files of other users in it are used. It
+    /// must already exist and must not be a symbolic link nor writable by every user without
+    /// the sticky bit; new files are made mode 0660. Every user who can write the folder is
+    /// trusted: see "A folder shared by several users" in the [crate docs](crate).
+    pub fn with_shared(mut self, shared: bool) -> Self {
+        self.sharing = if shared {
+            Sharing::Shared
+        } else {
+            Sharing::Private
+        };
+        self
+    }
+
+    /// Whether the folder is shared by several users ([`with_shared`](Self::with_shared)).
+    pub fn is_shared(&self) -> bool {
+        self.sharing == Sharing::Shared
     }
 
     /// Sets how often a held lock is checked (at least 10 ms).
@@ -217,14 +319,15 @@ fn identity(m: &fs::Metadata) -> (u64, u64) {
 }
 
 fn identity_at(path: &Path) -> io::Result<(u64, u64)> {
-    fs::metadata(path).map(|m| identity(&m))
+    fs::symlink_metadata(path).map(|m| identity(&m))
 }
 
 impl FileBackend {
-    /// A backend keeping its lock files in the configured folder (created if missing).
+    /// A backend keeping its lock files in the configured folder: a private folder is created
+    /// (mode 0700) if missing; a folder others could tamper with is refused
+    /// ([`ErrorKind::InvalidConfig`], saying why).
     pub fn new(config: FileConfig) -> Result<Self, Error> {
-        fs::create_dir_all(&config.dir)
-            .map_err(|e| io_error("cannot create the lock folder", &config.dir, &e))?;
+        folder::prepare(&config.dir, config.sharing).map_err(invalid)?;
         Ok(Self {
             inner: Arc::new(Inner {
                 config,
@@ -308,14 +411,9 @@ fn file_name(key: &LockKey) -> String {
 
 /// Opens and locks `lock`; `None` if another holder has it. Retries when the file locked is no
 /// longer the one at the path (deleted or replaced meanwhile).
-fn take(lock: &Path) -> io::Result<Option<(File, (u64, u64))>> {
+fn take(lock: &Path, sharing: Sharing) -> io::Result<Option<(File, (u64, u64))>> {
     for _ in 0..16 {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(lock)?;
+        let file = folder::open_rw(lock, sharing)?;
         match file.try_lock() {
             Ok(()) => {}
             Err(TryLockError::WouldBlock) => return Ok(None),
@@ -335,15 +433,9 @@ fn take(lock: &Path) -> io::Result<Option<(File, (u64, u64))>> {
 }
 
 /// Next fencing token: read, increment, write back and fsync, under the lock.
-fn next_token(fence: &Path) -> io::Result<u64> {
-    let mut f = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(fence)?;
-    let mut text = String::new();
-    f.read_to_string(&mut text)?;
+fn next_token(fence: &Path, sharing: Sharing) -> io::Result<u64> {
+    let mut f = folder::open_rw(fence, sharing)?;
+    let text = folder::read_bounded(&mut f)?;
     let last: u64 = if text.trim().is_empty() {
         0
     } else {
@@ -385,17 +477,19 @@ impl LockBackend for FileBackend {
             self.fence_path(req.key),
             req.owner.clone(),
         );
+        let sharing = self.inner.config.sharing;
         // Counted from before the file is locked: if this future is dropped, the blocking call
         // still finishes, and the file and the count go together when its result is dropped.
         let count = Count::new(&self.inner);
         let work = tokio::task::spawn_blocking(move || {
             let Some((mut file, id)) =
-                take(&lock).map_err(|e| io_error("cannot lock", &lock, &e))?
+                take(&lock, sharing).map_err(|e| io_error("cannot lock", &lock, &e))?
             else {
                 return Ok(None);
             };
             write_owner(&mut file, &owner).map_err(|e| io_error("cannot write", &lock, &e))?;
-            let token = next_token(&fence).map_err(|e| io_error("cannot update", &fence, &e))?;
+            let token =
+                next_token(&fence, sharing).map_err(|e| io_error("cannot update", &fence, &e))?;
             Ok::<_, Error>(Some((file, id, token, lock, count)))
         });
         let taken = work.await.map_err(|e| {
@@ -453,25 +547,25 @@ impl LockBackend for FileBackend {
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
         let (lock, fence) = (self.lock_path(key), self.fence_path(key));
+        let sharing = self.inner.config.sharing;
         let found = tokio::task::spawn_blocking(move || -> io::Result<Option<HolderInfo>> {
-            let mut file = match File::open(&lock) {
-                Ok(f) => f,
-                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-                Err(e) => return Err(e),
+            let Some(mut file) = folder::open_read(&lock, sharing)? else {
+                return Ok(None);
             };
             match file.try_lock_shared() {
                 Ok(()) => return Ok(None), // nobody holds it (closing the file unlocks)
                 Err(TryLockError::WouldBlock) => {}
                 Err(TryLockError::Error(e)) => return Err(e),
             }
-            let mut owner = String::new();
-            file.read_to_string(&mut owner)?;
+            // What a holder wrote: bounded, since anyone able to write the file chose it.
+            let owner = folder::read_bounded(&mut file)?;
             let mut info =
                 HolderInfo::unknown().with_detail(format!("lock file {}", lock.display()));
             if !owner.is_empty() {
                 info = info.with_owner(Owner::from_raw(owner));
             }
-            if let Ok(t) = fs::read_to_string(&fence)
+            if let Ok(Some(mut f)) = folder::open_read(&fence, sharing)
+                && let Ok(t) = folder::read_bounded(&mut f)
                 && let Ok(t) = t.trim().parse()
             {
                 info = info.with_fencing(FencingToken::new(t));
@@ -520,5 +614,18 @@ mod tests {
             FileConfig::from_url("file://relative").unwrap_err().kind(),
             ErrorKind::InvalidConfig
         );
+        let c = FileConfig::from_url("file:///l?check_interval_ms=250&shared=true").unwrap();
+        assert_eq!(c.check_interval, Duration::from_millis(250));
+        assert!(c.is_shared());
+        for bad in [
+            "file:///l?check_interval_ms=soon",
+            "file:///l?check_interval=1",
+        ] {
+            assert_eq!(
+                FileConfig::from_url(bad).unwrap_err().kind(),
+                ErrorKind::InvalidConfig,
+                "{bad}"
+            );
+        }
     }
 }

@@ -168,6 +168,7 @@ impl PostgresConfig {
             .iter()
             .any(|scheme| s.strip_prefix(scheme).is_some_and(|r| r.starts_with("://")));
         let (rest, params) = if is_url {
+            leasehold_core::redaction::refuse_unencoded_userinfo(NAME, s)?;
             split_url(s)?
         } else {
             split_key_values(s)?

@@ -66,6 +66,7 @@ pub(crate) struct Server {
 
 impl Server {
     pub(crate) fn parse(backend: &'static str, url: &str) -> Result<Self, Error> {
+        leasehold_core::redaction::refuse_unencoded_userinfo(backend, url)?;
         let redacted = redact(url);
         let info = url.into_connection_info().map_err(|e| {
             invalid(

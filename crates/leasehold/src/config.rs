@@ -9,7 +9,7 @@ use leasehold_core::redact;
 use leasehold_core::{Backoff, Drift, Error, LockOptions, Locker, Renewal};
 use serde::Deserialize;
 
-use crate::registry::{invalid, open, scheme_of};
+use crate::registry::{check_encoded, invalid, open, scheme_of};
 use crate::table::BackendTable;
 use leasehold_core::LockBackendExt as _;
 
@@ -152,7 +152,10 @@ pub struct DriftConfig {
 /// # Secrets
 ///
 /// `Debug`, `Display` and every error show URLs with the password replaced by `***`, and never
-/// the `[backend]` password.
+/// the `[backend]` password (the rules are [`redact`]'s). A URL whose password holds
+/// `/ ? # @` unencoded is refused (percent-encode it, or use a `[backend]` table): a URL
+/// parser would take part of it for the host name. TOML errors name the line and the key,
+/// never the value, which may be a password of the wrong type.
 #[derive(Clone, Default, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 #[non_exhaustive]
@@ -368,6 +371,11 @@ impl LockConfig {
             Source::Table(u) => u.clone(),
             Source::Nodes(_) => String::new(),
         };
+        match &source {
+            Source::Url(u) => check_encoded(field, u)?,
+            Source::Nodes(nodes) => nodes.iter().try_for_each(|u| check_encoded(field, u))?,
+            Source::Table(_) => {} // percent-encoded by the table
+        }
         let (scheme, target) = match source {
             Source::Nodes(nodes) => (NODES_SCHEME, Target::nodes(nodes)),
             Source::Url(_) | Source::Table(_) => (scheme_of(field, &url)?, Target::url(&url)),
@@ -446,10 +454,69 @@ impl fmt::Display for LockConfig {
     }
 }
 
+/// Words a TOML error may quote and still show: names of fields and values of this
+/// configuration, and the examples of our own messages.
+const SHOWN_WORDS: &[&str] = &[
+    "url",
+    "urls",
+    "backend",
+    "ttl",
+    "wait",
+    "backoff",
+    "renewal",
+    "drift",
+    "key_prefix",
+    "require",
+    "initial",
+    "max",
+    "factor",
+    "fixed",
+    "scheme",
+    "hosts",
+    "user",
+    "password",
+    "database",
+    "options",
+    "efficiency",
+    "correctness",
+    "off",
+    "auto",
+    "5s",
+    "30s",
+];
+
+/// The message of a TOML error without the values it quotes: a value of the wrong type (a
+/// password of digits written without quotes, a password in the wrong field) would be shown
+/// as it is, where no redaction rule can tell it is a secret. A quoted word stays if it is a
+/// name of [`SHOWN_WORDS`] or punctuation (`expected `=``); anything else becomes `…`.
+fn without_values(msg: &str) -> String {
+    let mut out = String::with_capacity(msg.len());
+    let mut rest = msg;
+    while let Some(open) = rest.find(['`', '"']) {
+        let quote = &rest[open..=open];
+        out.push_str(&rest[..=open]);
+        let after = &rest[open + 1..];
+        let Some(close) = after.find(quote) else {
+            out.push('…');
+            return out;
+        };
+        let word = &after[..close];
+        if SHOWN_WORDS.contains(&word) || word.chars().all(|c| c.is_ascii_punctuation()) {
+            out.push_str(word);
+        } else {
+            out.push('…');
+        }
+        out.push_str(quote);
+        rest = &after[close + 1..];
+    }
+    out.push_str(rest);
+    out
+}
+
 /// Turns a TOML error into an error naming the key and line, without quoting the source text
-/// (which may hold a password).
+/// or any value (either may hold a password).
 fn toml_error(text: &str, e: &toml::de::Error) -> Error {
-    let mut msg = redact(e.message());
+    let mut msg = without_values(&redact(e.message()));
     if let Some(span) = e.span() {
         let start = span.start.min(text.len());
         let line_no = text[..start].matches('\n').count() + 1;
@@ -460,7 +527,7 @@ fn toml_error(text: &str, e: &toml::de::Error) -> Error {
             .map(|(k, _)| k.trim())
             .filter(|k| !k.is_empty() && !k.starts_with('#'));
         msg = match key {
-            Some(k) => format!("line {line_no}, `{}`: {msg}", redact(k)),
+            Some(k) => format!("line {line_no}, `{}`: {msg}", without_values(&redact(k))),
             None => format!("line {line_no}: {msg}"),
         };
     }

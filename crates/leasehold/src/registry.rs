@@ -127,12 +127,19 @@ pub(crate) fn open(field: &str, scheme: &str, target: &Target<'_>) -> Result<Ope
     Err(Error::new(ErrorKind::InvalidConfig, CONFIG, msg))
 }
 
-/// Re-labels a driver's parse error with the configuration field it came from.
+/// Re-labels a driver's parse error with the configuration field it came from. The driver's
+/// error is not kept as the source: its message, unredacted, would show in `Debug`.
 fn at_field(field: &str, e: Error) -> Error {
     let msg = format!("`{field}`: {}", redact(e.message()));
-    Error::new(e.kind(), e.backend().to_owned(), msg)
-        .with_retryable(e.is_retryable())
-        .with_source(e)
+    Error::new(e.kind(), e.backend().to_owned(), msg).with_retryable(e.is_retryable())
+}
+
+/// Refuses a URL whose password holds `/ ? # @` unencoded, whatever its driver: a URL parser
+/// would read a piece of it as the host (and look it up, and name it in errors). Nothing of
+/// the URL is quoted.
+pub(crate) fn check_encoded(field: &str, url: &str) -> Result<(), Error> {
+    leasehold_core::redaction::refuse_unencoded_userinfo(CONFIG, url)
+        .map_err(|e| at_field(field, e))
 }
 
 /// The invalid-configuration error of the facade.

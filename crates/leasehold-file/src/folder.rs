@@ -1,0 +1,228 @@
+//! The lock folder and its files, on a host shared with other users: where the default folder
+//! is, which folders are accepted, and how lock and fence files are opened and read.
+
+use std::fs::{self, DirBuilder, File, OpenOptions, Permissions};
+use std::io::{self, Read};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use nix::libc;
+
+/// The most [`read_bounded`] reads of a lock file's owner value or a fence file's counter.
+pub(crate) const READ_LIMIT: u64 = 256;
+
+/// The user whose files these are: the effective user id (the owner of what we create).
+pub(crate) fn euid() -> u32 {
+    nix::unistd::geteuid().as_raw()
+}
+
+/// The per-user default folder: `/var/tmp/leasehold-<uid>`.
+pub(crate) fn per_user_dir() -> PathBuf {
+    PathBuf::from(format!("/var/tmp/leasehold-{}", euid()))
+}
+
+/// Whether the folder is private to its user (the default) or shared by several users.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Sharing {
+    Private,
+    Shared,
+}
+
+const GROUP_OTHER_WRITE: u32 = 0o022;
+const OTHER_WRITE: u32 = 0o002;
+const STICKY: u32 = 0o1000;
+
+/// Creates (private mode, mode 0700) or finds the lock folder, and refuses one that others
+/// could tamper with. The message says why and what to do.
+pub(crate) fn prepare(dir: &Path, sharing: Sharing) -> Result<(), String> {
+    if sharing == Sharing::Private {
+        if let Some(parent) = dir.parent() {
+            fs::create_dir_all(parent)
+                .map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
+        }
+        match DirBuilder::new().mode(0o700).create(dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => {
+                return Err(format!(
+                    "cannot create the lock folder {}: {e}",
+                    dir.display()
+                ));
+            }
+        }
+    }
+    check(dir, sharing)
+}
+
+/// The checks of [`prepare`] on an existing folder.
+fn check(dir: &Path, sharing: Sharing) -> Result<(), String> {
+    let shown = dir.display();
+    let meta = fs::symlink_metadata(dir)
+        .map_err(|e| format!("cannot use the lock folder {shown}: {e}"))?;
+    if meta.file_type().is_symlink() {
+        return Err(format!(
+            "the lock folder {shown} is a symbolic link: refused (give the real path)"
+        ));
+    }
+    if !meta.is_dir() {
+        return Err(format!("the lock folder {shown} is not a folder"));
+    }
+    let mode = meta.mode();
+    match sharing {
+        Sharing::Private => {
+            if meta.uid() != euid() {
+                return Err(format!(
+                    "the lock folder {shown} belongs to user {}, not to us (user {}): refused; \
+                     another user may have created it first. Use a folder of your own, or a \
+                     shared folder with ?shared=true",
+                    meta.uid(),
+                    euid()
+                ));
+            }
+            if mode & GROUP_OTHER_WRITE != 0 {
+                return Err(format!(
+                    "the lock folder {shown} is writable by other users (mode {:o}): refused; \
+                     `chmod go-w` it, or use a shared folder with ?shared=true",
+                    mode & 0o7777
+                ));
+            }
+        }
+        Sharing::Shared => {
+            if mode & OTHER_WRITE != 0 && mode & STICKY == 0 {
+                return Err(format!(
+                    "the shared lock folder {shown} is writable by every user without the \
+                     sticky bit (mode {:o}): anyone could replace a lock file; refused \
+                     (`chmod +t` it, or close it to other users)",
+                    mode & 0o7777
+                ));
+            }
+        }
+    }
+    // Whoever can rename entries of the parent can swap the whole folder.
+    if let Some(parent) = dir.parent()
+        && let Ok(p) = fs::metadata(parent)
+        && p.mode() & GROUP_OTHER_WRITE != 0
+        && p.mode() & STICKY == 0
+    {
+        return Err(format!(
+            "the folder above the lock folder, {}, is writable by other users without the \
+             sticky bit (mode {:o}): they could replace the lock folder; refused",
+            parent.display(),
+            p.mode() & 0o7777
+        ));
+    }
+    Ok(())
+}
+
+/// Opens a lock or fence file for reading and writing, creating it if missing (mode 0600, or
+/// 0660 in a shared folder), without following a symbolic link, and checks with `fstat` that
+/// it is a regular file with one link, owned by us (in a private folder). Only then may it be
+/// written: so a file planted under its name (a link to another file, a device, a FIFO, a
+/// file of another user) is never written, nor truncated.
+pub(crate) fn open_rw(path: &Path, sharing: Sharing) -> io::Result<File> {
+    let mode = match sharing {
+        Sharing::Private => 0o600,
+        Sharing::Shared => 0o660,
+    };
+    let flags = libc::O_NOFOLLOW | libc::O_NONBLOCK;
+    let file = loop {
+        match OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(flags)
+            .open(path)
+        {
+            Ok(f) => break f,
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(explain(e)),
+            Err(_) => {}
+        }
+        match OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(mode)
+            .custom_flags(flags)
+            .open(path)
+        {
+            Ok(f) => {
+                if sharing == Sharing::Shared {
+                    // The umask may have taken the group's write bit: the group needs it.
+                    f.set_permissions(Permissions::from_mode(mode))?;
+                }
+                break f;
+            }
+            // Created by someone else meanwhile: open theirs.
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e),
+        }
+    };
+    verify(&file, sharing)?;
+    Ok(file)
+}
+
+/// Opens a lock file to read it (for `inspect`), with the same checks as [`open_rw`] but
+/// creating nothing: `None` if there is no file.
+pub(crate) fn open_read(path: &Path, sharing: Sharing) -> io::Result<Option<File>> {
+    match OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+    {
+        Ok(f) => {
+            verify(&f, sharing)?;
+            Ok(Some(f))
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(explain(e)),
+    }
+}
+
+/// `fstat` checks: a regular file, one link, ours (in a private folder).
+fn verify(file: &File, sharing: Sharing) -> io::Result<()> {
+    let meta = file.metadata()?;
+    let refuse = |why: String| Err(io::Error::new(io::ErrorKind::PermissionDenied, why));
+    if !meta.is_file() {
+        return refuse("not a regular file: refused".into());
+    }
+    if meta.nlink() != 1 {
+        return refuse(format!(
+            "has {} hard links (a lock file has one): refused",
+            meta.nlink()
+        ));
+    }
+    if sharing == Sharing::Private && meta.uid() != euid() {
+        return refuse(format!(
+            "belongs to user {}, not to us (user {}): refused",
+            meta.uid(),
+            euid()
+        ));
+    }
+    Ok(())
+}
+
+/// A clearer message for a refused symbolic link (`ELOOP` from `O_NOFOLLOW`).
+fn explain(e: io::Error) -> io::Error {
+    if e.raw_os_error() == Some(libc::ELOOP) {
+        io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            "is a symbolic link: refused",
+        )
+    } else {
+        e
+    }
+}
+
+/// Reads at most [`READ_LIMIT`] bytes as text; `Err(InvalidData)` if there is more.
+pub(crate) fn read_bounded(file: &mut File) -> io::Result<String> {
+    let mut text = String::new();
+    file.by_ref()
+        .take(READ_LIMIT + 1)
+        .read_to_string(&mut text)?;
+    if text.len() as u64 > READ_LIMIT {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("holds more than {READ_LIMIT} bytes: not written by leasehold"),
+        ));
+    }
+    Ok(text)
+}
