@@ -187,19 +187,22 @@ pub(crate) fn renewal_failed(backend: &'static str) {
 /// A release is sent again after a transient fault.
 #[inline(always)]
 pub(crate) fn release_retried(backend: &'static str) {
-    #[cfg(feature = "metrics")]
-    metrics::counter!(RELEASE_RETRIES, "backend" => backend).increment(1);
-    #[cfg(not(feature = "metrics"))]
-    let _ = backend;
+    increment(RELEASE_RETRIES, backend);
 }
 
 /// A release is left to the background retrier.
 #[inline(always)]
 pub(crate) fn release_backgrounded(backend: &'static str) {
+    increment(RELEASES_BACKGROUNDED, backend);
+}
+
+/// Adds one to counter `name` of `backend`.
+#[inline(always)]
+fn increment(name: &'static str, backend: &'static str) {
     #[cfg(feature = "metrics")]
-    metrics::counter!(RELEASES_BACKGROUNDED, "backend" => backend).increment(1);
+    metrics::counter!(name, "backend" => backend).increment(1);
     #[cfg(not(feature = "metrics"))]
-    let _ = backend;
+    let _ = (name, backend);
 }
 
 /// A background release stopped without an answer (`reason`: `expired` or `error`).

@@ -10,10 +10,9 @@ use std::time::Duration;
 
 use leasehold_core::metrics::{RELEASE_RETRIES, RELEASES_BACKGROUNDED, RELEASES_GIVEN_UP};
 use leasehold_core::{LossReason, RELEASE_BUDGET, settle};
-use leasehold_test_support::metrics::counters;
+use leasehold_test_support::metrics::{counters, record_here};
 use leasehold_test_support::require_service;
 use leasehold_test_support::services::{NodeAction, Service, node_ctl};
-use metrics_util::debugging::DebuggingRecorder;
 use tokio::time::Instant;
 
 /// A release sent while the node is frozen for longer than the budget returns a retryable
@@ -23,9 +22,7 @@ use tokio::time::Instant;
 #[tokio::test]
 async fn releases_through_a_frozen_node_finish_once_it_answers() {
     let ep = require_service!(Service::Redis);
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    let _local = metrics::set_default_local_recorder(&recorder);
+    let (snapshotter, _local) = record_here();
 
     let prefix = common::prefix("release-frozen");
     let backend = common::redis(ep.url(), &prefix).await;

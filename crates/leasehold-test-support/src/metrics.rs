@@ -1,12 +1,23 @@
 //! Reading metrics back in tests, from metrics-util's debugging recorder.
 //!
-//! Install the recorder for the test's thread with `metrics::set_default_local_recorder` and
-//! run the test on a current-thread runtime, so that tasks leasehold spawns (background
-//! releases) record into it too; read the totals once, at the end (a snapshot resets them).
+//! [`record_here`] installs a recorder for the test's thread: run the test on a current-thread
+//! runtime, so that tasks leasehold spawns (background releases) record into it too, and read
+//! the totals once, at the end (a snapshot resets them).
 
 use std::collections::BTreeMap;
 
-use metrics_util::debugging::{DebugValue, Snapshotter};
+use metrics::LocalRecorderGuard;
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+
+/// Records the metrics of this thread into a debugging recorder until the guard is dropped;
+/// read them with [`counters`] and the snapshotter. The recorder is leaked (one per test).
+pub fn record_here() -> (Snapshotter, LocalRecorderGuard<'static>) {
+    let recorder: &'static DebuggingRecorder = Box::leak(Box::new(DebuggingRecorder::new()));
+    (
+        recorder.snapshotter(),
+        metrics::set_default_local_recorder(recorder),
+    )
+}
 
 /// Every counter recorded so far, summed over its labels, by name (resets the recorder).
 pub fn counters(snapshotter: &Snapshotter) -> Counters {
