@@ -8,16 +8,17 @@ use std::time::Duration;
 
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use crate::backend::LockBackendExt as _;
 use crate::backend::{ExtendRequest, Grant, GrantState, Held, LockBackend};
 use crate::caps::Capabilities;
-use crate::detach::spawn_detached;
 use crate::error::Error;
 use crate::key::LockKey;
 use crate::loss::LossReason;
 use crate::metrics;
 use crate::policy::check_ttl;
+use crate::release::{Horizon, RELEASE_BUDGET, release_in_background, retry_release};
 use crate::signal::{LostSignal, Shared};
 use crate::token::{FencingToken, Owner};
 
@@ -64,6 +65,12 @@ impl Inner {
         *self.ttl.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// How long a background release of this grant may go on, the grant last re-armed by a
+    /// request sent no later than `armed`.
+    fn horizon(&self, armed: Instant) -> Horizon {
+        Horizon::of(&self.caps, armed, self.ttl(), self.shared.drift())
+    }
+
     fn stop_watchdog(&self) {
         let handle = self
             .watchdog
@@ -89,12 +96,17 @@ impl Inner {
 /// - [`release`](Self::release) is the way to let go: it tells you whether you still held the
 ///   lock. If its future is dropped before it finishes, the lease counts as not released and the
 ///   drop below still happens.
-/// - Dropping a `Lease` without releasing it starts a **best-effort background release** on the
-///   current Tokio runtime and returns at once: it never blocks and never panics. Release on drop
-///   is therefore *not immediate*: another client may find the lock held for one more round
-///   trip. With no runtime left (the runtime is shutting down, or the lease is dropped outside
-///   one), nothing can be sent; the grant then ends by TTL, session end or lease expiry, as the
-///   backend's liveness rule says.
+/// - Dropping a `Lease` without releasing it starts a **background release** on the current
+///   Tokio runtime and returns at once: it never blocks and never panics. Release on drop is
+///   therefore *not immediate*: another client may find the lock held for one more round trip.
+///   Transient faults are retried (jittered backoff, up to 5 s apart) until the backend
+///   answers: on a TTL backend (Redis, Redlock) until the TTL has passed, since the grant is
+///   gone by then; on a session backend (etcd, PostgreSQL) as long as the session that carries
+///   the grant lives. Only a fault that retrying cannot fix ends it earlier (the grant then
+///   ends by TTL or session). [`settle`](crate::settle) waits for these releases. With no
+///   runtime left (the runtime is shutting down, or the lease is dropped outside one), nothing
+///   can be sent; the grant then ends by TTL, session end or lease expiry, as the backend's
+///   liveness rule says.
 /// - The renewal watchdog stops when the lease is released or dropped.
 pub struct Lease {
     inner: Arc<Inner>,
@@ -221,41 +233,44 @@ impl Lease {
         if let Some(reason) = self.loss_reason() {
             return Err(self.lost_error(reason));
         }
-        let started = Instant::now();
-        let outcome = self
-            .inner
-            .backend
-            .extend(ExtendRequest::new(self.inner.held(), ttl, started))
-            .await;
-        let result = match outcome {
-            Ok(Some(v)) => match self.inner.shared.renew(v) {
-                Ok(()) => {
-                    *self
-                        .inner
-                        .ttl
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner) = ttl;
-                    Ok(())
+        let span = tracing::debug_span!("leasehold.extend", backend = self.backend_name(), key = %self.inner.key);
+        async {
+            let started = Instant::now();
+            let outcome = self
+                .inner
+                .backend
+                .extend(ExtendRequest::new(self.inner.held(), ttl, started))
+                .await;
+            let result = match outcome {
+                Ok(Some(v)) => match self.inner.shared.renew(v) {
+                    Ok(()) => {
+                        *self
+                            .inner
+                            .ttl
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner) = ttl;
+                        Ok(())
+                    }
+                    Err(reason) => Err(self.lost_error(reason)),
+                },
+                Ok(None) => {
+                    self.inner.shared.lose(LossReason::NotHeld);
+                    Err(self.lost_error(LossReason::NotHeld))
                 }
-                Err(reason) => Err(self.lost_error(reason)),
-            },
-            Ok(None) => {
-                self.inner.shared.lose(LossReason::NotHeld);
-                Err(self.lost_error(LossReason::NotHeld))
-            }
-            Err(e) => {
-                metrics::renewal_failed(self.backend_name());
-                Err(e)
-            }
-        };
-        tracing::debug!(
-            key = %self.inner.key,
-            backend = self.backend_name(),
-            outcome = if result.is_ok() { "extended" } else { "failed" },
-            elapsed_ms = started.elapsed().as_secs_f64() * 1e3,
-            "leasehold.extend"
-        );
-        result
+                Err(e) => {
+                    metrics::renewal_failed(self.backend_name());
+                    Err(e)
+                }
+            };
+            tracing::debug!(
+                outcome = if result.is_ok() { "extended" } else { "failed" },
+                elapsed_ms = started.elapsed().as_secs_f64() * 1e3,
+                "leasehold.extend"
+            );
+            result
+        }
+        .instrument(span)
+        .await
     }
 
     /// Stops the renewal watchdog, if one runs: the lease then lasts until its current deadline.
@@ -264,33 +279,70 @@ impl Lease {
     }
 
     /// Releases the lock: `Ok(true)` if we still held it, `Ok(false)` if it was already gone
-    /// (expired, taken over, released before). Idempotent: after a successful release, further
-    /// calls return `Ok(false)` without contacting the backend. After an error the lease is
-    /// still considered held: call again, or drop it to release in the background.
+    /// (expired, taken over, released before). Idempotent: after a release that answered,
+    /// further calls return `Ok(false)` without contacting the backend.
+    ///
+    /// A transient fault (a server answering "too many requests", "busy" or "loading", a
+    /// timeout, a dropped connection) is retried with capped, jittered backoff for up to
+    /// [`RELEASE_BUDGET`](crate::RELEASE_BUDGET) (5 s), so one call succeeds through a burst.
+    /// On `Err`:
+    ///
+    /// - [`Error::is_retryable`] (the fault outlasted the budget): the lease is let go all the
+    ///   same (its lost signal says [`Released`](LossReason::Released), further calls return
+    ///   `Ok(false)`), and the release goes on in the background until the backend confirms it
+    ///   or the grant is gone by itself: on a TTL backend until its TTL has passed, on a
+    ///   session backend as long as the session that carries the grant lives. Do not act as
+    ///   the holder any more.
+    /// - otherwise (a fault that retrying cannot fix, sent at once, never retried): the lease
+    ///   is still considered held; call again, or drop it to release in the background.
     pub async fn release(&self) -> Result<bool, Error> {
         if self.inner.released.load(Ordering::Acquire) {
             return Ok(false);
         }
         self.inner.stop_watchdog();
-        // The clock is read only for the debug log below.
-        let started = tracing::enabled!(tracing::Level::DEBUG).then(Instant::now);
-        let result = self.inner.backend.release(self.inner.held()).await;
-        if result.is_ok() && !self.inner.released.swap(true, Ordering::AcqRel) {
-            self.inner.shared.lose(LossReason::Released);
-            metrics::held(self.backend_name(), -1.0);
+        let name = self.backend_name();
+        let span = tracing::debug_span!("leasehold.release", backend = name, key = %self.inner.key);
+        async {
+            // No extend can be sent after this instant: the watchdog is stopped.
+            let armed = Instant::now();
+            let inner = &*self.inner;
+            let result =
+                retry_release(name, RELEASE_BUDGET, || inner.backend.release(inner.held())).await;
+            match &result {
+                Ok(_) => {
+                    self.let_go();
+                }
+                Err(e) if e.is_retryable() && self.let_go() => {
+                    let inner = Arc::clone(&self.inner);
+                    let horizon = inner.horizon(armed);
+                    background_release(inner, horizon, true);
+                }
+                Err(_) => {}
+            }
+            tracing::debug!(
+                outcome = match &result {
+                    Ok(true) => "released",
+                    Ok(false) => "not held",
+                    Err(e) if e.is_retryable() => "continued in the background",
+                    Err(_) => "failed",
+                },
+                elapsed_ms = armed.elapsed().as_secs_f64() * 1e3,
+                "leasehold.release"
+            );
+            result
         }
-        tracing::debug!(
-            key = %self.inner.key,
-            backend = self.backend_name(),
-            outcome = match &result {
-                Ok(true) => "released",
-                Ok(false) => "not held",
-                Err(_) => "failed",
-            },
-            elapsed_ms = started.map(|s| s.elapsed().as_secs_f64() * 1e3),
-            "leasehold.release"
-        );
-        result
+        .instrument(span)
+        .await
+    }
+
+    /// Marks the lease released (once): `true` for the call that did.
+    fn let_go(&self) -> bool {
+        if self.inner.released.swap(true, Ordering::AcqRel) {
+            return false;
+        }
+        self.inner.shared.lose(LossReason::Released);
+        metrics::held(self.backend_name(), -1.0);
+        true
     }
 
     fn lost_error(&self, reason: LossReason) -> Error {
@@ -313,32 +365,33 @@ impl fmt::Debug for Lease {
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        if self.inner.released.swap(true, Ordering::AcqRel) {
+        if !self.let_go() {
             return;
         }
         self.inner.stop_watchdog();
-        self.inner.shared.lose(LossReason::Released);
-        metrics::held(self.backend_name(), -1.0);
         let inner = Arc::clone(&self.inner);
-        let spawned = spawn_detached(async move {
-            match inner.backend.release(inner.held()).await {
-                Ok(held) => tracing::debug!(
-                    key = %inner.key, backend = inner.backend.name(), held,
-                    "leasehold.release (on drop)"
-                ),
-                Err(e) => tracing::warn!(
-                    key = %inner.key, backend = inner.backend.name(), error = %e,
-                    "leasehold.release on drop failed; the grant ends by its TTL or session"
-                ),
-            }
-        });
-        if !spawned {
+        let horizon = inner.horizon(Instant::now());
+        if !background_release(inner, horizon, false) {
             tracing::warn!(
                 key = %self.inner.key,
                 "lease dropped outside a Tokio runtime; the grant ends by its TTL or session"
             );
         }
     }
+}
+
+/// Releases `inner`'s grant in the background, retrying transient faults until `horizon`.
+fn background_release(inner: Arc<Inner>, horizon: Horizon, handed_over: bool) -> bool {
+    let name = inner.backend.name();
+    let key = inner.key.clone();
+    let spawned = release_in_background(name, horizon, handed_over, move || {
+        let inner = Arc::clone(&inner);
+        async move { inner.backend.release(inner.held()).await }
+    });
+    if spawned {
+        tracing::debug!(key = %key, backend = name, "leasehold.release: in the background");
+    }
+    spawned
 }
 
 async fn watchdog(lease: Weak<Inner>, interval: Duration) {

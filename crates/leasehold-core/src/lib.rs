@@ -45,7 +45,34 @@
 //! - **Cancellation.** Dropping an acquisition at any point leaks nothing: a grant that may
 //!   have reached the server is released in the background ([`settle`] waits for those).
 //! - **Release** deletes only our own grant (compare-and-delete), says whether we still held
-//!   it, and is idempotent; dropping a [`Lease`] releases it in the background.
+//!   it, and is idempotent; dropping a [`Lease`] releases it in the background. What a caller
+//!   gets is stated below.
+//!
+//! # Release and drop: the contract
+//!
+//! - [`Lease::release`] answers `Ok(true)` (held, now deleted) or `Ok(false)` (already gone:
+//!   expired, taken over, released; after a retry it may also be an earlier attempt of ours,
+//!   whose answer was lost, that deleted it). Later calls answer `Ok(false)` without I/O.
+//! - A **transient fault** ([`Error::is_retryable`]: etcd's `too many requests`, Redis
+//!   `BUSY`/`LOADING`/`TRYAGAIN`, a timeout, a dropped connection) is retried with capped, fully
+//!   jittered backoff within [`RELEASE_BUDGET`] (5 s, every attempt's own time included), so
+//!   one call succeeds through a burst. If the fault outlasts it, the call returns that
+//!   retryable error after at most the budget; the lease is let go all the same (its lost
+//!   signal says [`LossReason::Released`]; do not act as the holder any more) and the release
+//!   **continues in the background**.
+//! - A fault that **cannot be transient** is returned at once, never retried; the lease is
+//!   still held: call again, or drop it.
+//! - **Drop** never blocks: it releases in the background on the current Tokio runtime (with
+//!   none, the grant ends by TTL or session). So does the clean-up of an acquisition cut short.
+//! - A **background release** retries transient faults with jittered backoff (at most 5 s
+//!   apart) until the backend answers; it stops earlier only when the grant is gone by itself
+//!   (the [`Horizon`]): on a TTL backend ([`RenewalKind::Extend`]) once the TTL last armed,
+//!   plus the drift margin, has passed; on a session backend ([`RenewalKind::Session`]: etcd,
+//!   PostgreSQL) never while the session carrying the grant lives, since such a backend
+//!   answers `Ok(false)` once that session is gone. A fault that cannot be transient ends it,
+//!   counted in [`metrics::RELEASES_GIVEN_UP`]. [`settle`] waits for these releases.
+//! - Backends that release on their own use the same two functions: [`retry_release`] and
+//!   [`release_in_background`].
 //! - **Extend and loss.** Extending re-arms the TTL only while we hold the grant; a watchdog
 //!   can do it. When renewal fails, the deadline passes or the backend reports the loss, the
 //!   lease's [lost signal](Lease::lost) fires: the holder is told, not left to find out on its
@@ -93,6 +120,7 @@ mod memory;
 pub mod metrics;
 mod policy;
 pub mod redaction;
+mod release;
 mod signal;
 mod token;
 mod validity;
@@ -112,6 +140,7 @@ pub use loss::LossReason;
 pub use memory::MemoryBackend;
 pub use policy::{Backoff, Drift, LockOptions, Renewal};
 pub use redaction::{Redacted, redact};
+pub use release::{Horizon, RELEASE_BUDGET, release_in_background, retry_release};
 pub use signal::{LeaseMonitor, LostSignal};
 pub use token::{FencingToken, OWNER_BYTES, Owner};
 pub use validity::Validity;

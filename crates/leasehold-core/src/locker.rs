@@ -10,12 +10,12 @@ use tracing::Instrument;
 use crate::backend::LockBackendExt as _;
 use crate::backend::{Held, HolderInfo, LockBackend, LockRequest};
 use crate::caps::{Capabilities, RenewalKind, WaitKind};
-use crate::detach::spawn_detached;
 use crate::error::{Error, ErrorKind};
 use crate::key::{IntoLockKey, LockKey};
 use crate::lease::{Lease, LeaseInfo};
 use crate::metrics;
 use crate::policy::{API, LockOptions};
+use crate::release::{Horizon, release_in_background};
 use crate::signal::{LeaseMonitor, Shared};
 use crate::token::Owner;
 
@@ -245,13 +245,14 @@ impl Locker {
         let ttl = self.options.ttl;
         let shared = Shared::new(self.options.drift, self.backend.name());
         let monitor = LeaseMonitor::new(&shared);
+        let started = Instant::now();
         let cleanup = Cleanup {
             backend: &self.backend,
             key,
             owner: &owner,
+            horizon: Horizon::of(&self.caps, started, ttl, &self.options.drift),
             armed: true,
         };
-        let started = Instant::now();
         let req = LockRequest::new(key, &owner, ttl, started, &monitor);
         let outcome = match mode {
             Mode::Try => self.backend.try_lock(req).await.map(|g| (g, 1)),
@@ -335,10 +336,12 @@ fn log_outcome(result: &Result<bool, &Error>, attempts: u32, started: Option<Ins
 
 /// Releases by owner, in the background, an acquisition whose outcome was never seen: armed
 /// until [`disarm`](Self::disarm)ed. It borrows, and clones only when it must release.
+/// Transient faults are retried as for a dropped lease, until `horizon`.
 struct Cleanup<'a> {
     backend: &'a Arc<dyn LockBackend>,
     key: &'a LockKey,
     owner: &'a Owner,
+    horizon: Horizon,
     armed: bool,
 }
 
@@ -357,12 +360,9 @@ impl Drop for Cleanup<'_> {
         let backend = Arc::clone(self.backend);
         let key = self.key.clone();
         let owner = self.owner.clone();
-        spawn_detached(async move {
-            let held = Held::new(&key, &owner, None, None);
-            if let Err(e) = backend.release(held).await {
-                tracing::warn!(key = %key, backend = backend.name(), error = %e,
-                    "leasehold: cleanup of an abandoned acquisition failed");
-            }
+        release_in_background(self.backend.name(), self.horizon, false, move || {
+            let (backend, key, owner) = (Arc::clone(&backend), key.clone(), owner.clone());
+            async move { backend.release(Held::new(&key, &owner, None, None)).await }
         });
     }
 }

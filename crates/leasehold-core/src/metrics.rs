@@ -15,6 +15,9 @@
 //! | `leasehold_leases_lost_total` | counter | `backend`, `reason` | leases lost before their holder let go: `reason` is `expired` (the validity deadline passed unrenewed), `not_held` (the backend no longer had the grant), `renewal_failed` or `backend` (the backend reported the loss: a dead session, a revoked lease) |
 //! | `leasehold_leases_held` | gauge | `backend` | leases granted to this process and not yet released or dropped (a lost lease counts until its holder drops it) |
 //! | `leasehold_renewal_failures_total` | counter | `backend` | renewals (watchdog or [`Lease::extend`](crate::Lease::extend)) that failed with a fault; the lease stays valid until its deadline |
+//! | `leasehold_release_retries_total` | counter | `backend` | release attempts sent again after a transient fault (a server that said "too many requests", "busy" or "loading", a timeout, a dropped connection), in a `release()` call or in the background |
+//! | `leasehold_releases_backgrounded_total` | counter | `backend` | releases left to the background retrier after a transient fault: a `release()` call out of its budget, or the release of a dropped lease or an abandoned acquisition whose first attempt failed |
+//! | `leasehold_releases_given_up_total` | counter | `backend`, `reason` | background releases that stopped without an answer: `reason` is `expired` (the grant's TTL has passed on the server, so it is gone anyway) or `error` (a fault that retrying cannot fix; the grant ends by its TTL or session). Never `expired` for a backend whose grants live with a session while that session lives |
 //! | `leasehold_requests_total` | counter | `route`, `outcome` | recorded by `leasehold-tower`'s `LockLayer`: one per request, see its documentation |
 //!
 //! `backend` is the backend's name (`memory`, `redis`, `redlock`, `postgres`, `etcd`, `file`,
@@ -35,6 +38,12 @@ pub const LEASES_LOST: &str = "leasehold_leases_lost_total";
 pub const LEASES_HELD: &str = "leasehold_leases_held";
 /// Counter: renewals that failed with a fault, by `backend`.
 pub const RENEWAL_FAILURES: &str = "leasehold_renewal_failures_total";
+/// Counter: release attempts sent again after a transient fault, by `backend`.
+pub const RELEASE_RETRIES: &str = "leasehold_release_retries_total";
+/// Counter: releases left to the background retrier, by `backend`.
+pub const RELEASES_BACKGROUNDED: &str = "leasehold_releases_backgrounded_total";
+/// Counter: background releases that stopped without an answer, by `backend` and `reason`.
+pub const RELEASES_GIVEN_UP: &str = "leasehold_releases_given_up_total";
 /// Counter: requests through `leasehold-tower`'s `LockLayer`, by `route` and `outcome`.
 pub const REQUESTS: &str = "leasehold_requests_total";
 
@@ -82,6 +91,21 @@ pub fn describe() {
         RENEWAL_FAILURES,
         Unit::Count,
         "Lease renewals that failed with a fault"
+    );
+    describe_counter!(
+        RELEASE_RETRIES,
+        Unit::Count,
+        "Release attempts sent again after a transient fault"
+    );
+    describe_counter!(
+        RELEASES_BACKGROUNDED,
+        Unit::Count,
+        "Releases left to the background retrier after a transient fault"
+    );
+    describe_counter!(
+        RELEASES_GIVEN_UP,
+        Unit::Count,
+        "Background releases that stopped without an answer, by reason"
     );
     describe_counter!(
         REQUESTS,
@@ -158,4 +182,34 @@ pub(crate) fn renewal_failed(backend: &'static str) {
     metrics::counter!(RENEWAL_FAILURES, "backend" => backend).increment(1);
     #[cfg(not(feature = "metrics"))]
     let _ = backend;
+}
+
+/// A release is sent again after a transient fault.
+#[inline(always)]
+pub(crate) fn release_retried(backend: &'static str) {
+    increment(RELEASE_RETRIES, backend);
+}
+
+/// A release is left to the background retrier.
+#[inline(always)]
+pub(crate) fn release_backgrounded(backend: &'static str) {
+    increment(RELEASES_BACKGROUNDED, backend);
+}
+
+/// Adds one to counter `name` of `backend`.
+#[inline(always)]
+fn increment(name: &'static str, backend: &'static str) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!(name, "backend" => backend).increment(1);
+    #[cfg(not(feature = "metrics"))]
+    let _ = (name, backend);
+}
+
+/// A background release stopped without an answer (`reason`: `expired` or `error`).
+#[inline(always)]
+pub(crate) fn release_given_up(backend: &'static str, reason: &'static str) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!(RELEASES_GIVEN_UP, "backend" => backend, "reason" => reason).increment(1);
+    #[cfg(not(feature = "metrics"))]
+    let _ = (backend, reason);
 }

@@ -17,7 +17,7 @@ use tokio::time::Instant;
 use crate::NAME;
 use crate::client::{Inner, LocalSlot, first_created, waiter_key};
 use crate::config::{EtcdConfig, LeaseMode};
-use crate::error::with_timeout;
+use crate::error::{EtcdError, with_timeout};
 use crate::job::{EtcdGrant, Job, Mode};
 
 /// What etcd guarantees and supports: a constant, as
@@ -132,6 +132,38 @@ impl EtcdBackend {
         format!("{}{}/", self.inner.config.prefix, key.as_str())
     }
 
+    /// Deletes whatever key holds the owner value of an acquisition whose outcome the caller
+    /// never saw (its own task also cleans up; both compare on the value).
+    async fn release_by_owner(&self, held: &Held<'_>) -> Result<bool, EtcdError> {
+        let prefix = self.lock_prefix(held.key).into_bytes();
+        let owner = held.owner.as_str();
+        let found = self.inner.find_owner(&prefix, owner).await?;
+        let mut any = false;
+        for kv in found {
+            any |= self.inner.delete_if_owner(kv.key(), owner).await?;
+            if self.inner.config.lease_mode == LeaseMode::PerLock {
+                crate::session::spawn_revoke(self.inner.client.lease_client(), kv.lease());
+            }
+        }
+        Ok(any)
+    }
+
+    /// Whether every key an abandoned acquisition may have left is gone with its lease: in
+    /// session mode, when no session lease of ours lives any more; in per-lock mode always
+    /// (the acquisition's own task revokes its lease, or it expires by its TTL unrenewed).
+    async fn keys_gone(&self) -> bool {
+        match self.inner.config.lease_mode {
+            LeaseMode::PerLock => true,
+            LeaseMode::Session => self
+                .inner
+                .session
+                .lock()
+                .await
+                .as_ref()
+                .is_none_or(|s| s.is_lost()),
+        }
+    }
+
     async fn lock(&self, req: LockRequest<'_>, mode: Mode) -> Result<Option<Grant>, Error> {
         let prefix = self.lock_prefix(req.key).into_bytes();
         let (session, slot) = match self.inner.config.lease_mode {
@@ -194,42 +226,23 @@ impl LockBackend for EtcdBackend {
                 if g.done.load(Ordering::Acquire) {
                     return Ok(false);
                 }
-                let ours = g
-                    .inner
-                    .delete_if_owner(&g.key, &g.owner)
-                    .await
-                    .map_err(|e| e.into_core("release"))?;
-                if !g.done.swap(true, Ordering::AcqRel) {
-                    if g.per_lock {
-                        g.session.close();
+                match g.inner.delete_if_owner(&g.key, &g.owner).await {
+                    Ok(ours) => {
+                        g.finish();
+                        Ok(ours)
                     }
-                    drop(g.take_slot());
-                }
-                Ok(ours)
-            }
-            None => {
-                // An acquisition whose outcome the caller never saw: delete whatever key holds
-                // its owner value (its own task also cleans up; both compare on the value).
-                let prefix = self.lock_prefix(held.key).into_bytes();
-                let owner = held.owner.as_str();
-                let found = self
-                    .inner
-                    .find_owner(&prefix, owner)
-                    .await
-                    .map_err(|e| e.into_core("release"))?;
-                let mut any = false;
-                for kv in found {
-                    any |= self
-                        .inner
-                        .delete_if_owner(kv.key(), owner)
-                        .await
-                        .map_err(|e| e.into_core("release"))?;
-                    if self.inner.config.lease_mode == LeaseMode::PerLock {
-                        crate::session::spawn_revoke(self.inner.client.lease_client(), kv.lease());
+                    // Our key lives on the session lease: once that is gone, so is the key.
+                    Err(_) if g.session.is_lost() => {
+                        g.finish();
+                        Ok(false)
                     }
+                    Err(e) => Err(e.into_core("release")),
                 }
-                Ok(any)
             }
+            None => match self.release_by_owner(&held).await {
+                Err(_) if self.keys_gone().await => Ok(false),
+                other => other.map_err(|e| e.into_core("release")),
+            },
         }
     }
 

@@ -9,7 +9,7 @@ use etcd_client::{
     Client, Compare, CompareOp, GetOptions, GetResponse, KeyValue, SortOrder, SortTarget, Txn,
     TxnOp, TxnOpResponse, TxnResponse,
 };
-use leasehold_core::{Error, ErrorKind};
+use leasehold_core::{Backoff, Error, ErrorKind};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::NAME;
@@ -187,21 +187,27 @@ pub(crate) fn revision(resp: &TxnResponse) -> Result<i64, Error> {
 }
 
 /// Deletes our key after an acquisition that did not end in a grant (or a grant nobody
-/// took), retrying while the session lease lives; once the lease is gone, so is the key.
+/// took, or whose release failed), retrying with jittered backoff (up to 5 s apart) for as
+/// long as the session lease lives: never given up while the key could still hold the lock;
+/// once the lease is gone, so is the key.
 pub(crate) async fn finish(inner: &Inner, key: &[u8], owner: &str, session: &Session) {
-    let mut delay = Duration::from_millis(50);
-    for _ in 0..40 {
+    const BACKOFF: Backoff = Backoff {
+        initial: Duration::from_millis(50),
+        max: Duration::from_secs(5),
+    };
+    let mut retry = 0u32;
+    loop {
         match inner.delete_if_owner(key, owner).await {
             Ok(_) => return,
+            Err(_) if session.is_lost() => return,
             Err(e) => {
-                if session.is_lost() {
-                    return;
+                retry = retry.saturating_add(1);
+                tracing::debug!(error = %e, retry, "leasehold.etcd: cleanup delete failed; retrying");
+                tokio::select! {
+                    () = tokio::time::sleep(BACKOFF.delay(retry)) => {}
+                    () = session.lost() => return,
                 }
-                tracing::debug!(error = %e, "leasehold.etcd: cleanup delete failed; retrying");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(1));
             }
         }
     }
-    tracing::warn!("leasehold.etcd: gave up deleting an abandoned waiter key");
 }

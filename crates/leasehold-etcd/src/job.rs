@@ -348,6 +348,17 @@ pub(crate) struct EtcdGrant {
 }
 
 impl EtcdGrant {
+    /// Our key is deleted (or gone with its lease): ends a per-lock lease and frees the
+    /// in-process permit, once.
+    pub(crate) fn finish(&self) {
+        if !self.done.swap(true, Ordering::AcqRel) {
+            if self.per_lock {
+                self.session.close();
+            }
+            drop(self.take_slot());
+        }
+    }
+
     pub(crate) fn take_slot(&self) -> Option<LocalSlot> {
         self.slot
             .lock()

@@ -105,6 +105,12 @@
 //! - Release on drop is not immediate: the key is deleted by a background task a round trip
 //!   later. With no Tokio runtime left, nothing can be sent, and the key goes when the lease
 //!   expires.
+//! - A release that etcd refuses (`too many requests` under a burst, no answer in time, no
+//!   leader) is retried as `leasehold_core::Lease::release` describes, and in the background
+//!   never given up while the session lease that carries the key is kept alive: a release
+//!   answers `Ok(false)` once that lease is lost (the key went with it), and the clean-up of a
+//!   grant nobody released deletes its key, retrying with jittered backoff up to 5 s apart,
+//!   until it is gone or the session lease is.
 //! - Dropping the backend (and every lease from it) revokes its session lease in the background.
 //!
 //! # Configuration

@@ -123,6 +123,11 @@
 //! must happen is left to a future the caller can drop: Redlock's node requests and
 //! give-backs run in spawned tasks; `Lease` drops release in a spawned task (see
 //! `leasehold_core::Lease`); an acquire dropped mid-flight is cleaned up by owner value.
+//!
+//! Connection trouble, timeouts and the server's "not now" answers (`BUSY`, `LOADING`,
+//! `TRYAGAIN`, `CLUSTERDOWN`, `MASTERDOWN`) are `Unavailable` errors, which leasehold-core
+//! retries: a release within its 5 s budget, then in the background until the key's TTL has
+//! passed (it is gone by then). Other server errors are `Backend` errors, never retried.
 
 mod config;
 mod keys;

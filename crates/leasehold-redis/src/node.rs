@@ -301,14 +301,21 @@ impl Node {
     }
 }
 
-/// Converts a redis-rs error at the boundary: connection trouble is `Unavailable` (retryable),
-/// anything the server said is `Backend`.
+/// Server error codes that say "not now" rather than "never": a script running too long
+/// (`BUSY`), a dataset still loading (`LOADING`), a cluster slot migrating or failing over
+/// (`TRYAGAIN`, `CLUSTERDOWN`, `MASTERDOWN`).
+const TRANSIENT_CODES: [&str; 5] = ["BUSY", "LOADING", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN"];
+
+/// Converts a redis-rs error at the boundary: connection trouble and the server's transient
+/// refusals ([`TRANSIENT_CODES`]) are `Unavailable` (retryable), anything else the server said
+/// is `Backend`.
 pub(crate) fn redis_error(backend: &'static str, node: &str, e: &RedisError, op: &str) -> Error {
     let kind = if e.is_io_error()
         || e.is_connection_dropped()
         || e.is_connection_refusal()
         || e.is_timeout()
         || e.is_unrecoverable_error()
+        || e.code().is_some_and(|c| TRANSIENT_CODES.contains(&c))
     {
         ErrorKind::Unavailable
     } else {

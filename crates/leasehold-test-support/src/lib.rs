@@ -9,6 +9,7 @@
 pub mod conformance;
 pub mod fence;
 pub mod harness;
+pub mod metrics;
 pub mod postgres;
 pub mod proxy;
 pub mod services;

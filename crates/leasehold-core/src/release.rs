@@ -1,0 +1,255 @@
+//! Releases that absorb transient faults: retried in the foreground within a bound, then in
+//! the background until the lock is gone.
+//!
+//! A release is a compare-and-delete on our owner value, so sending it again is always safe.
+//! [`retry_release`] retries it while it fails with a retryable error ([`Error::is_retryable`]:
+//! a server that answers "too many requests", "busy" or "loading", a timeout, a dropped
+//! connection) within a time budget; [`release_in_background`] keeps trying after that, until
+//! the backend confirms, answers with an error that cannot be transient, or the lock has
+//! expired on the server by itself (the [`Horizon`]). [`Lease`](crate::Lease),
+//! [`Locker`](crate::Locker) and backends that release on their own (a backend giving back a
+//! grant nobody took) use the same two functions.
+
+use std::future::Future;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use crate::caps::{Capabilities, RenewalKind};
+use crate::detach::spawn_detached;
+use crate::error::{Error, ErrorKind};
+use crate::metrics;
+use crate::policy::{Backoff, Drift};
+
+/// How long [`Lease::release`](crate::Lease::release) keeps retrying a release that fails with
+/// a transient fault before it returns the error and leaves the release to the background.
+pub const RELEASE_BUDGET: Duration = Duration::from_secs(5);
+
+/// Delays between foreground retries: fully jittered, so that thousands of releases refused
+/// together do not come back together.
+const FOREGROUND: Backoff = Backoff {
+    initial: Duration::from_millis(10),
+    max: Duration::from_millis(500),
+};
+
+/// Delays between background retries (and the longest a background attempt may take).
+const BACKGROUND: Backoff = Backoff {
+    initial: Duration::from_millis(100),
+    max: Duration::from_secs(5),
+};
+
+/// How long a background release keeps trying.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Horizon {
+    /// Until the backend confirms or says the grant is gone. For backends whose grants live as
+    /// long as a session ([`RenewalKind::Session`]): such a backend answers `Ok(false)` once the
+    /// session that carried the grant is gone, and that ends the retries.
+    Confirmed,
+    /// Until this instant at the latest: the grant has expired on the server by then (a TTL
+    /// counted from a request sent before the horizon's start).
+    Expires(Instant),
+}
+
+impl Horizon {
+    /// The horizon of a grant on a backend with `caps`, last armed for `ttl` by a request sent
+    /// no later than `armed`: TTL backends stop once that TTL (plus the drift margin) has
+    /// passed, session backends only when the backend confirms.
+    pub fn of(caps: &Capabilities, armed: Instant, ttl: Duration, drift: &Drift) -> Self {
+        match caps.renewal {
+            RenewalKind::Extend => armed
+                .checked_add(ttl + drift.margin(ttl))
+                .map_or(Self::Confirmed, Self::Expires),
+            RenewalKind::Session => Self::Confirmed,
+        }
+    }
+
+    fn passed_by(self, at: Instant) -> bool {
+        matches!(self, Self::Expires(h) if at >= h)
+    }
+}
+
+/// Calls `release` until it answers, fails with an error that is not retryable, or `budget`
+/// has passed (counting every attempt's own time: an attempt still unanswered at the end of
+/// the budget is dropped and counts as `Unavailable`). Retries wait a capped, fully jittered
+/// backoff and are counted in [`metrics::RELEASE_RETRIES`]. Returns the last outcome: on
+/// `Err`, [`Error::is_retryable`] says whether the fault was transient (then hand the release
+/// to [`release_in_background`]).
+pub async fn retry_release<F, Fut>(
+    backend: &'static str,
+    budget: Duration,
+    mut release: F,
+) -> Result<bool, Error>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<bool, Error>>,
+{
+    let started = Instant::now();
+    let deadline = started.checked_add(budget).unwrap_or(started);
+    let mut retry = 0u32;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let outcome = match tokio::time::timeout(left, release()).await {
+            Ok(r) => r,
+            Err(_) => Err(unanswered(backend, budget)),
+        };
+        let e = match outcome {
+            Err(e) if e.is_retryable() => e,
+            done => return done,
+        };
+        retry += 1;
+        let delay = FOREGROUND.delay(retry);
+        if Instant::now() + delay >= deadline {
+            return Err(e);
+        }
+        metrics::release_retried(backend);
+        tracing::debug!(error = %e, retry, "leasehold.release: transient fault; retrying");
+        tokio::time::sleep(delay).await;
+    }
+}
+
+/// Keeps calling `release` in a background task on the current Tokio runtime until it
+/// answers, fails with an error that is not retryable, or `horizon` has passed; retries wait a
+/// capped, fully jittered backoff (up to 5 s). The task is counted by
+/// [`settle`](crate::settle). `handed_over` says that a foreground call already failed (the
+/// release counts at once in [`metrics::RELEASES_BACKGROUNDED`]; otherwise it counts there
+/// only if its first attempt fails). Returns `false` if there is no runtime to run it on.
+pub fn release_in_background<F, Fut>(
+    backend: &'static str,
+    horizon: Horizon,
+    handed_over: bool,
+    release: F,
+) -> bool
+where
+    F: FnMut() -> Fut + Send + 'static,
+    Fut: Future<Output = Result<bool, Error>> + Send + 'static,
+{
+    if handed_over {
+        metrics::release_backgrounded(backend);
+    }
+    let span = tracing::debug_span!("leasehold.release.background", backend);
+    spawn_detached(background(backend, horizon, handed_over, release).instrument(span))
+}
+
+async fn background<F, Fut>(backend: &'static str, horizon: Horizon, counted: bool, mut release: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<bool, Error>>,
+{
+    let mut retry = 0u32;
+    loop {
+        let outcome = match tokio::time::timeout(BACKGROUND.max, release()).await {
+            Ok(r) => r,
+            Err(_) => Err(unanswered(backend, BACKGROUND.max)),
+        };
+        let e = match outcome {
+            Ok(held) => {
+                tracing::debug!(held, retries = retry, "leasehold.release: done");
+                return;
+            }
+            Err(e) if !e.is_retryable() => {
+                metrics::release_given_up(backend, "error");
+                tracing::warn!(error = %e,
+                    "leasehold.release: a fault that retrying cannot fix; the grant ends by its \
+                     TTL or session");
+                return;
+            }
+            Err(e) => e,
+        };
+        if retry == 0 && !counted {
+            metrics::release_backgrounded(backend);
+        }
+        retry += 1;
+        let delay = BACKGROUND.delay(retry);
+        if horizon.passed_by(Instant::now() + delay) {
+            metrics::release_given_up(backend, "expired");
+            tracing::debug!(error = %e, "leasehold.release: stopped; the grant has expired by its TTL");
+            return;
+        }
+        metrics::release_retried(backend);
+        tracing::debug!(error = %e, retry, "leasehold.release: transient fault; retrying in the background");
+        tokio::time::sleep(delay).await;
+    }
+}
+
+fn unanswered(backend: &'static str, limit: Duration) -> Error {
+    Error::new(
+        ErrorKind::Unavailable,
+        backend,
+        format!("release: no answer within {limit:?}"),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use super::*;
+
+    /// A release that fails `fails` times with `kind`, then answers `Ok(true)`; counts calls.
+    fn flaky(
+        kind: ErrorKind,
+        fails: u32,
+    ) -> (
+        Arc<AtomicU32>,
+        impl FnMut() -> std::future::Ready<Result<bool, Error>> + Send + 'static,
+    ) {
+        let calls = Arc::new(AtomicU32::new(0));
+        let c = Arc::clone(&calls);
+        (calls, move || {
+            let n = c.fetch_add(1, Ordering::AcqRel);
+            std::future::ready(if n < fails {
+                Err(Error::new(kind, "test", "refused"))
+            } else {
+                Ok(true)
+            })
+        })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn transient_faults_are_retried_within_the_budget() {
+        let (calls, op) = flaky(ErrorKind::Unavailable, 5);
+        assert!(retry_release("test", RELEASE_BUDGET, op).await.unwrap());
+        assert_eq!(calls.load(Ordering::Acquire), 6);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn faults_that_cannot_be_transient_are_not_retried() {
+        let (calls, op) = flaky(ErrorKind::Backend, 5);
+        let e = retry_release("test", RELEASE_BUDGET, op).await.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Backend);
+        assert_eq!(calls.load(Ordering::Acquire), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_unanswered_release_ends_at_the_budget_then_the_background_finishes_it() {
+        let t0 = Instant::now();
+        let hang = || std::future::pending::<Result<bool, Error>>();
+        let e = retry_release("test", RELEASE_BUDGET, hang)
+            .await
+            .unwrap_err();
+        assert!(e.is_retryable());
+        assert_eq!(Instant::now() - t0, RELEASE_BUDGET);
+
+        let (calls, op) = flaky(ErrorKind::Unavailable, 20);
+        assert!(release_in_background("test", Horizon::Confirmed, true, op));
+        assert!(crate::settle(Duration::from_secs(3600)).await);
+        assert_eq!(
+            calls.load(Ordering::Acquire),
+            21,
+            "retried until it answered"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_background_release_stops_at_its_horizon() {
+        let t0 = Instant::now();
+        let (calls, op) = flaky(ErrorKind::Unavailable, u32::MAX);
+        let horizon = Horizon::Expires(t0 + Duration::from_secs(30));
+        assert!(release_in_background("test", horizon, false, op));
+        assert!(crate::settle(Duration::from_secs(3600)).await);
+        assert!(Instant::now() < t0 + Duration::from_secs(30));
+        assert!(calls.load(Ordering::Acquire) > 5);
+    }
+}
