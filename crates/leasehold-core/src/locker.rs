@@ -15,6 +15,7 @@ use crate::key::{IntoLockKey, LockKey};
 use crate::lease::{Lease, LeaseInfo};
 use crate::metrics;
 use crate::policy::{API, LockOptions};
+use crate::renewal::Renewer;
 use crate::signal::{LeaseMonitor, Shared};
 use crate::token::Owner;
 
@@ -46,6 +47,8 @@ pub struct Locker {
     backend: Arc<dyn LockBackend>,
     caps: Capabilities,
     options: Arc<LockOptions>,
+    /// Renews every lease this locker (and its clones) handed out, in batches.
+    renewer: Renewer,
 }
 
 enum Mode {
@@ -66,6 +69,7 @@ impl Locker {
         // The default TTL must suit the backend; clamp it into the declared range.
         options.ttl = options.ttl.clamp(caps.min_ttl, caps.max_ttl);
         Self {
+            renewer: Renewer::new(Arc::clone(&backend)),
             backend,
             caps,
             options: Arc::new(options),
@@ -307,7 +311,7 @@ impl Locker {
         if self.caps.renewal == RenewalKind::Extend
             && let Some(interval) = self.options.renewal_interval()
         {
-            lease.start_watchdog(interval);
+            lease.start_watchdog(&self.renewer, interval);
         }
         Ok((Some(lease), attempts))
     }

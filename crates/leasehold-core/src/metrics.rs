@@ -15,6 +15,9 @@
 //! | `leasehold_leases_lost_total` | counter | `backend`, `reason` | leases lost before their holder let go: `reason` is `expired` (the validity deadline passed unrenewed), `not_held` (the backend no longer had the grant), `renewal_failed` or `backend` (the backend reported the loss: a dead session, a revoked lease) |
 //! | `leasehold_leases_held` | gauge | `backend` | leases granted to this process and not yet released or dropped (a lost lease counts until its holder drops it) |
 //! | `leasehold_renewal_failures_total` | counter | `backend` | renewals (watchdog or [`Lease::extend`](crate::Lease::extend)) that failed with a fault; the lease stays valid until its deadline |
+//! | `leasehold_renewal_batch_size` | histogram | `backend` | leases renewed together in one batch of the renewal engine (one `extend_many` call) |
+//! | `leasehold_renewal_batch_seconds` | histogram | `backend` | duration of each renewal batch, from before it was sent to its last answer |
+//! | `leasehold_renewal_batch_failures_total` | counter | `backend` | renewal batches in which at least one lease got a fault (a batch that failed or timed out as a whole counts once) |
 //! | `leasehold_requests_total` | counter | `route`, `outcome` | recorded by `leasehold-tower`'s `LockLayer`: one per request, see its documentation |
 //!
 //! `backend` is the backend's name (`memory`, `redis`, `redlock`, `postgres`, `etcd`, `file`,
@@ -35,6 +38,12 @@ pub const LEASES_LOST: &str = "leasehold_leases_lost_total";
 pub const LEASES_HELD: &str = "leasehold_leases_held";
 /// Counter: renewals that failed with a fault, by `backend`.
 pub const RENEWAL_FAILURES: &str = "leasehold_renewal_failures_total";
+/// Histogram: leases per renewal batch, by `backend`.
+pub const RENEWAL_BATCH_SIZE: &str = "leasehold_renewal_batch_size";
+/// Histogram: seconds per renewal batch, by `backend`.
+pub const RENEWAL_BATCH_SECONDS: &str = "leasehold_renewal_batch_seconds";
+/// Counter: renewal batches with at least one fault, by `backend`.
+pub const RENEWAL_BATCH_FAILURES: &str = "leasehold_renewal_batch_failures_total";
 /// Counter: requests through `leasehold-tower`'s `LockLayer`, by `route` and `outcome`.
 pub const REQUESTS: &str = "leasehold_requests_total";
 
@@ -82,6 +91,21 @@ pub fn describe() {
         RENEWAL_FAILURES,
         Unit::Count,
         "Lease renewals that failed with a fault"
+    );
+    describe_histogram!(
+        RENEWAL_BATCH_SIZE,
+        Unit::Count,
+        "Leases renewed together in one batch"
+    );
+    describe_histogram!(
+        RENEWAL_BATCH_SECONDS,
+        Unit::Seconds,
+        "Duration of renewal batches"
+    );
+    describe_counter!(
+        RENEWAL_BATCH_FAILURES,
+        Unit::Count,
+        "Renewal batches in which a lease got a fault"
     );
     describe_counter!(
         REQUESTS,
@@ -158,4 +182,26 @@ pub(crate) fn renewal_failed(backend: &'static str) {
     metrics::counter!(RENEWAL_FAILURES, "backend" => backend).increment(1);
     #[cfg(not(feature = "metrics"))]
     let _ = backend;
+}
+
+/// A renewal batch of `size` leases ended, `failed` of them with a fault.
+#[inline(always)]
+pub(crate) fn renewal_batch(
+    backend: &'static str,
+    size: usize,
+    failed: usize,
+    started: tokio::time::Instant,
+) {
+    #[cfg(feature = "metrics")]
+    {
+        #[allow(clippy::cast_precision_loss)] // batch sizes are far below 2^52
+        metrics::histogram!(RENEWAL_BATCH_SIZE, "backend" => backend).record(size as f64);
+        metrics::histogram!(RENEWAL_BATCH_SECONDS, "backend" => backend)
+            .record(started.elapsed().as_secs_f64());
+        if failed > 0 {
+            metrics::counter!(RENEWAL_BATCH_FAILURES, "backend" => backend).increment(1);
+        }
+    }
+    #[cfg(not(feature = "metrics"))]
+    let _ = (backend, size, failed, started);
 }

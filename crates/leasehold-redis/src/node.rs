@@ -12,7 +12,7 @@ use redis::{Client, Cmd, FromRedisValue, Pipeline, RedisError, RedisFuture, Scri
 use tokio::sync::OnceCell;
 
 use crate::keys::Names;
-use crate::scripts::{ACQUIRE_FAIR, ACQUIRE_FENCED, EXTEND, RELEASE};
+use crate::scripts::{ACQUIRE_FAIR, ACQUIRE_FENCED, EXTEND_MANY, RELEASE};
 
 /// What one `SET NX` found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,6 +89,11 @@ impl Node {
             conn: OnceCell::new(),
             backend,
         })
+    }
+
+    /// The backend's name, for errors.
+    pub(crate) fn backend(&self) -> &'static str {
+        self.backend
     }
 
     /// Whether this is a Redis Cluster.
@@ -214,12 +219,39 @@ impl Node {
         ttl: Duration,
         reset: bool,
     ) -> Result<bool, Error> {
-        let mut cmd = evalsha(&EXTEND, 1, 3);
-        cmd.arg(names.lock())
-            .arg(owner.as_str())
-            .arg(ttl_ms(ttl))
-            .arg(if reset { "1" } else { "0" });
-        Ok(self.eval::<i64>(&EXTEND, &cmd, "extend").await? == 1)
+        let extended = self.extend_many(&[(names, owner, ttl)], reset).await?;
+        Ok(extended.first() == Some(&true))
+    }
+
+    /// Compare-and-pexpire of many locks in one script call (all on one slot, on a Redis
+    /// Cluster): one answer per lock, in order.
+    pub(crate) async fn extend_many(
+        &self,
+        locks: &[(&Names, &Owner, Duration)],
+        reset: bool,
+    ) -> Result<Vec<bool>, Error> {
+        let mut cmd = evalsha(&EXTEND_MANY, locks.len(), 1 + 2 * locks.len());
+        for (names, _, _) in locks {
+            cmd.arg(names.lock());
+        }
+        cmd.arg(if reset { "1" } else { "0" });
+        for (_, owner, ttl) in locks {
+            cmd.arg(owner.as_str()).arg(ttl_ms(*ttl));
+        }
+        let answers: Vec<i64> = self.eval(&EXTEND_MANY, &cmd, "extend").await?;
+        if answers.len() != locks.len() {
+            return Err(Error::new(
+                ErrorKind::Backend,
+                self.backend,
+                format!(
+                    "extend on {}: {} answers for {} locks",
+                    self.name,
+                    answers.len(),
+                    locks.len()
+                ),
+            ));
+        }
+        Ok(answers.into_iter().map(|n| n == 1).collect())
     }
 
     /// The holder's owner value, remaining TTL and the lock's fence counter.

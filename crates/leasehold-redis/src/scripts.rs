@@ -88,22 +88,30 @@ return 0
     )
 });
 
-/// `KEYS[1]` lock; `ARGV[1]` owner, `ARGV[2]` ttl in ms, `ARGV[3]` `1` to set the key again
-/// when it is missing (Redlock: a node that restarted empty).
-/// Re-arms the TTL only if the lock holds our owner value. 1 if extended (or set again), else 0.
-pub(crate) static EXTEND: LazyLock<Script> = LazyLock::new(|| {
+/// `KEYS[1..n]` locks; `ARGV[1]` `1` to set a key again when it is missing (Redlock: a node
+/// that restarted empty), then for lock `i` its owner `ARGV[2i]` and its ttl in ms
+/// `ARGV[2i+1]`.
+/// Re-arms each lock's TTL only if it holds its owner value. Returns one integer per lock, in
+/// order: 1 if extended (or set again), else 0. The renewal engine sends many locks at once;
+/// a single extend is the case n = 1.
+pub(crate) static EXTEND_MANY: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
-local v = redis.call('GET', KEYS[1])
-if v == ARGV[1] then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
-end
-if not v and ARGV[3] == '1' then
-  if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-    return 1
+local reset = ARGV[1] == '1'
+local out = {}
+for i, key in ipairs(KEYS) do
+  local owner = ARGV[2 * i]
+  local ttl = ARGV[2 * i + 1]
+  local v = redis.call('GET', key)
+  if v == owner then
+    out[i] = redis.call('PEXPIRE', key, ttl)
+  elseif (not v) and reset and redis.call('SET', key, owner, 'NX', 'PX', ttl) then
+    out[i] = 1
+  else
+    out[i] = 0
   end
 end
-return 0
+return out
 ",
     )
 });
