@@ -47,7 +47,8 @@
 //! - **Release** deletes only our own grant (compare-and-delete), says whether we still held
 //!   it, and is idempotent; dropping a [`Lease`] releases it in the background.
 //! - **Extend and loss.** Extending re-arms the TTL only while we hold the grant; a watchdog
-//!   can do it. When renewal fails, the deadline passes or the backend reports the loss, the
+//!   can do it: one renewal engine per [`Locker`] renews its leases in batches
+//!   ([`LockBackend::extend_many`]), each lease with its own outcome. When renewal fails, the deadline passes or the backend reports the loss, the
 //!   lease's [lost signal](Lease::lost) fires: the holder is told, not left to find out on its
 //!   next write.
 //!

@@ -42,13 +42,22 @@ use crate::token::Owner;
 /// held. If the future is dropped while a request is in flight (or a request fails in a way that
 /// leaves its outcome unknown), the `Locker` releases by owner value in the background, so a
 /// grant that reached the server anyway does not linger until its TTL.
+///
+/// # Renewal
+///
+/// On backends that renew by extending a TTL, one renewal engine per locker (shared by its
+/// clones; a locker made again from the same backend has its own) renews every lease it handed
+/// out: one task, a queue ordered by due time, and every lease due within an eighth of the
+/// renewal interval renewed together through [`LockBackend::extend_many`] (at most
+/// [`MAX_BATCH`](crate::MAX_BATCH) per call). Each lease keeps its own outcome and its own
+/// deadline; a released or dropped lease leaves the queue at once.
 #[derive(Clone, Debug)]
 pub struct Locker {
     backend: Arc<dyn LockBackend>,
     caps: Capabilities,
     options: Arc<LockOptions>,
     /// Renews every lease this locker (and its clones) handed out, in batches.
-    renewer: Renewer,
+    pub(crate) renewer: Renewer,
 }
 
 enum Mode {

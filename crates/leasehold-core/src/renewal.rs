@@ -403,3 +403,68 @@ pub async fn extend_each<B: LockBackend + ?Sized>(
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{LockOptions, Locker, MemoryBackend, Renewal};
+
+    fn queued(locker: &Locker) -> (usize, Vec<Instant>) {
+        let q = locker.renewer.engine.lock();
+        (q.entries.len(), q.due.iter().map(|&(d, _)| d).collect())
+    }
+
+    /// Leases taken together renew together, then come due at jittered instants (never later
+    /// than one interval after the batch); released and dropped leases leave the queue, and
+    /// the engine's task ends with the last one.
+    #[tokio::test(start_paused = true)]
+    async fn leases_renew_in_batches_then_drift_apart_and_leave_the_queue() {
+        let interval = Duration::from_secs(1);
+        let options = LockOptions::default()
+            .with_ttl(Duration::from_secs(3))
+            .with_renewal(Renewal::Every(interval));
+        let locker = Locker::new(MemoryBackend::new())
+            .with_options(options)
+            .unwrap();
+        let mut leases = Vec::new();
+        for i in 0..100 {
+            leases.push(locker.try_acquire(format!("k{i}")).await.unwrap().unwrap());
+        }
+        let t0 = Instant::now();
+        let (n, due) = queued(&locker);
+        assert_eq!(n, 100);
+        assert!(
+            due.iter().all(|&d| d == t0 + interval),
+            "first renewal one interval on"
+        );
+
+        tokio::time::sleep(interval + Duration::from_millis(10)).await;
+        let (n, due) = queued(&locker);
+        assert_eq!(n, 100, "every lease still queued");
+        let distinct: BTreeSet<_> = due.iter().collect();
+        assert!(
+            distinct.len() > 90,
+            "jitter spread the next renewals: {distinct:?}"
+        );
+        let renewed = t0 + interval;
+        for d in &due {
+            assert!(*d <= renewed + interval && *d >= renewed + interval.mul_f64(0.9));
+        }
+        assert!(
+            leases
+                .iter()
+                .all(|l| l.valid_until() > t0 + Duration::from_secs(3))
+        );
+
+        assert!(leases.pop().unwrap().release().await.unwrap());
+        drop(leases.pop());
+        assert_eq!(queued(&locker).0, 98, "released and dropped leases left");
+        leases.clear();
+        assert_eq!(queued(&locker).0, 0);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert!(
+            locker.renewer.engine.lock().task.is_none(),
+            "the engine's task ended"
+        );
+    }
+}

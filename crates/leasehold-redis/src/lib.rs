@@ -96,9 +96,12 @@
 //! the shared connection. 10,000 leases with a 3 s TTL cost about 50 script calls per renewal
 //! period instead of 10,000. A key whose owner no longer matches makes only its lease lost; a
 //! call that fails or times out leaves each of its leases to be retried before its own
-//! deadline. On a Redis Cluster a script touches one slot only, so the calls are per slot: keys
-//! that share a hash tag renew together, distinct keys cost about one call each per period,
-//! spread over the masters. Redlock sends the same batches to every node concurrently, each
+//! deadline. On a Redis Cluster the leases are grouped by the master of their slot (`CLUSTER
+//! SLOTS`, read once per batch) and each master gets the same script flagged
+//! `allow-cross-slot-keys` (Redis 7; the keys travel in `ARGV`, as a cluster refuses declared
+//! keys of several slots): per master the count of one server, about 50 calls per renewal
+//! period for 10,000 leases on it. A group a master refuses (a slot moved while resharding)
+//! falls back to one call per slot. Redlock sends the same batches to every node concurrently, each
 //! bounded by the per-node timeout, and counts the majority per lease.
 //!
 //! # Redlock, as implemented

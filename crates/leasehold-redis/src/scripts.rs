@@ -95,23 +95,43 @@ return 0
 /// order: 1 if extended (or set again), else 0. The renewal engine sends many locks at once;
 /// a single extend is the case n = 1.
 pub(crate) static EXTEND_MANY: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
-local reset = ARGV[1] == '1'
-local out = {}
+    Script::new(&format!(
+        "{RENEW_FN}
 for i, key in ipairs(KEYS) do
-  local owner = ARGV[2 * i]
-  local ttl = ARGV[2 * i + 1]
-  local v = redis.call('GET', key)
-  if v == owner then
-    out[i] = redis.call('PEXPIRE', key, ttl)
-  elseif (not v) and reset and redis.call('SET', key, owner, 'NX', 'PX', ttl) then
-    out[i] = 1
-  else
-    out[i] = 0
-  end
+  out[i] = renew(key, ARGV[2 * i], ARGV[2 * i + 1])
 end
 return out
-",
-    )
+"
+    ))
 });
+
+/// Redis Cluster, Redis 7: [`EXTEND_MANY`] over locks of many slots served by one master,
+/// flagged `allow-cross-slot-keys`. A cluster refuses declared keys of different slots, so
+/// `KEYS[1]` is only the first lock (it routes the call to its master) and the locks come in
+/// `ARGV`: `ARGV[1]` as above, then for lock `i` its name `ARGV[3i-1]`, owner `ARGV[3i]` and
+/// ttl in ms `ARGV[3i+1]`. Same answers as [`EXTEND_MANY`].
+pub(crate) static EXTEND_MANY_CROSS_SLOT: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        "#!lua flags=allow-cross-slot-keys
+{RENEW_FN}
+for i = 1, (#ARGV - 1) / 3 do
+  out[i] = renew(ARGV[3 * i - 1], ARGV[3 * i], ARGV[3 * i + 1])
+end
+return out
+"
+    ))
+});
+
+/// The compare-and-pexpire of one lock, shared by the batch scripts.
+const RENEW_FN: &str = r"local reset = ARGV[1] == '1'
+local function renew(key, owner, ttl)
+  local v = redis.call('GET', key)
+  if v == owner then
+    return redis.call('PEXPIRE', key, ttl)
+  end
+  if (not v) and reset and redis.call('SET', key, owner, 'NX', 'PX', ttl) then
+    return 1
+  end
+  return 0
+end
+local out = {}";

@@ -10,9 +10,7 @@ use std::time::Duration;
 
 use futures_util::future::join_all;
 use leasehold_core::{Lease, Locker, LossReason, Renewal};
-use leasehold_redis::{RedisBackend, RedisConfig};
 use leasehold_test_support::harness;
-use leasehold_test_support::proxy::FaultProxy;
 use leasehold_test_support::require_service;
 use leasehold_test_support::services::Service;
 use tokio::time::Instant;
@@ -93,15 +91,9 @@ async fn of_2000_leases_only_the_one_whose_key_was_deleted_by_hand_is_lost() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_that_times_out_leaves_each_lease_to_its_own_deadline() {
     let ep = require_service!(Service::Redis);
-    let proxy = FaultProxy::start(ep.addr().expect("tcp address"))
-        .await
-        .unwrap();
     let prefix = common::prefix("renew-timeout");
-    let config = RedisConfig::from_url(&format!("redis://{}", proxy.addr()))
-        .and_then(|c| c.with_prefix(&prefix))
-        .unwrap()
-        .with_timeouts(Duration::from_secs(1), Duration::from_millis(300));
-    let backend = RedisBackend::connect(config).await.unwrap();
+    let (backend, proxy) =
+        common::redis_behind_proxy(&ep, &prefix, Duration::from_millis(300)).await;
     let ttl = Duration::from_secs(2);
     let l = harness::locker(backend, ttl, Renewal::Auto);
     // Three groups, 400 ms apart: their renewals (every ttl / 3) fall in different batches.
@@ -182,4 +174,59 @@ async fn a_batch_that_times_out_leaves_each_lease_to_its_own_deadline() {
         last - first
     );
     proxy.pass();
+}
+
+/// Top-level script calls counted by the server at `url` so far.
+async fn script_calls(url: &str) -> u64 {
+    let client = redis::Client::open(url).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    info.lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter_map(|l| {
+            l.split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_leases_of_many_slots_renew_in_one_call_per_master() {
+    let ep = require_service!(Service::RedisCluster);
+    let prefix = common::prefix("renew-cluster");
+    let backend = common::redis_cluster(ep.urls(), &prefix).await;
+    let ttl = Duration::from_millis(1_500);
+    let l = harness::locker(backend, ttl, Renewal::Auto);
+    // 600 distinct keys: they fall on ~590 slots, spread over every master.
+    let leases = take_many(&l, "c", 600).await;
+    let mut before = Vec::new();
+    for url in ep.urls() {
+        before.push(script_calls(url).await);
+    }
+    // Three renewal periods (ttl / 3 each).
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let mut calls = 0;
+    for (url, b) in ep.urls().iter().zip(before) {
+        calls += script_calls(url).await - b;
+    }
+    assert!(leases.iter().all(|l| !l.is_lost()), "a lease was lost");
+    // One call per slot would be ~1,800; per master it is a few per batch. Other tests on the
+    // cluster add some: the bound has room for them.
+    assert!(
+        calls < 600,
+        "{calls} script calls for 600 leases over 3 periods: not batched per master"
+    );
+    let released = join_all(leases.iter().map(Lease::release)).await;
+    assert!(
+        released.iter().all(|r| *r.as_ref().unwrap()),
+        "every lease was still ours"
+    );
 }

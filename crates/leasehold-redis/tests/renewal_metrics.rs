@@ -10,9 +10,7 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use leasehold_core::metrics::{RENEWAL_BATCH_FAILURES, RENEWAL_BATCH_SECONDS, RENEWAL_BATCH_SIZE};
 use leasehold_core::{Lease, Renewal};
-use leasehold_redis::{RedisBackend, RedisConfig};
 use leasehold_test_support::harness;
-use leasehold_test_support::proxy::FaultProxy;
 use leasehold_test_support::require_service;
 use leasehold_test_support::services::Service;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
@@ -62,15 +60,9 @@ async fn renewal_batches_are_measured_by_size_latency_and_failures() {
     let snapshotter = recorder.snapshotter();
     metrics::set_global_recorder(recorder).expect("the only recorder of this binary");
 
-    let proxy = FaultProxy::start(ep.addr().expect("tcp address"))
-        .await
-        .unwrap();
     let prefix = common::prefix("renew-metrics");
-    let config = RedisConfig::from_url(&format!("redis://{}", proxy.addr()))
-        .and_then(|c| c.with_prefix(&prefix))
-        .unwrap()
-        .with_timeouts(Duration::from_secs(1), Duration::from_millis(200));
-    let backend = RedisBackend::connect(config).await.unwrap();
+    let (backend, proxy) =
+        common::redis_behind_proxy(&ep, &prefix, Duration::from_millis(200)).await;
     let ttl = Duration::from_millis(1_500);
     let l = harness::locker(backend, ttl, Renewal::Auto);
     let leases: Vec<Lease> = join_all((0..300).map(|i| l.try_acquire(format!("m{i}"))))
