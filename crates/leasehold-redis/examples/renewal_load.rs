@@ -24,28 +24,11 @@ use leasehold_test_support::harness;
 use leasehold_test_support::services::{Service, lookup};
 use nix::sys::resource::{UsageWho, getrusage};
 
+#[path = "../tests/common/commandstats.rs"]
+mod commandstats;
+
 const TTL: Duration = Duration::from_secs(3);
 const HOLD: Duration = Duration::from_secs(10);
-
-/// Top-level script calls the server has counted so far.
-async fn script_calls(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(conn)
-        .await
-        .unwrap();
-    info.lines()
-        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-        .filter_map(|l| {
-            l.split("calls=")
-                .nth(1)?
-                .split(',')
-                .next()?
-                .parse::<u64>()
-                .ok()
-        })
-        .sum()
-}
 
 /// User + system CPU time of this process so far.
 fn cpu() -> Duration {
@@ -101,12 +84,10 @@ async fn main() {
         Vec::new()
     };
 
-    let client = redis::Client::open(ep.url()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-    let calls0 = script_calls(&mut conn).await;
+    let calls0 = commandstats::script_calls(ep.url()).await;
     let cpu0 = cpu();
     tokio::time::sleep(HOLD).await;
-    let calls = script_calls(&mut conn).await - calls0;
+    let calls = commandstats::script_calls(ep.url()).await - calls0;
     let used = cpu() - cpu0;
     let lost = leases.iter().filter(|l| l.is_lost()).count();
     for t in tasks {

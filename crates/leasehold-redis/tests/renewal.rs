@@ -10,10 +10,24 @@ use std::time::Duration;
 
 use futures_util::future::join_all;
 use leasehold_core::{Lease, Locker, LossReason, Renewal};
+use leasehold_redis::RedisBackend;
 use leasehold_test_support::harness;
 use leasehold_test_support::require_service;
 use leasehold_test_support::services::Service;
 use tokio::time::Instant;
+
+/// A renewing locker with `ttl` over `backend`, and `n` leases taken from it on keys
+/// `<tag>0 .. <tag>n`.
+async fn renewing(
+    backend: RedisBackend,
+    ttl: Duration,
+    tag: &str,
+    n: usize,
+) -> (Locker, Vec<Lease>) {
+    let l = harness::locker(backend, ttl, Renewal::Auto);
+    let leases = take_many(&l, tag, n).await;
+    (l, leases)
+}
 
 /// Takes `n` leases on keys `<tag>0 .. <tag>n`, 100 requests at a time.
 async fn take_many(l: &Locker, tag: &str, n: usize) -> Vec<Lease> {
@@ -33,8 +47,7 @@ async fn of_2000_leases_only_the_one_whose_key_was_deleted_by_hand_is_lost() {
     let prefix = common::prefix("renew-2k");
     let backend = common::redis(ep.url(), &prefix).await;
     let ttl = Duration::from_secs(3);
-    let l = harness::locker(backend.clone(), ttl, Renewal::Auto);
-    let leases = take_many(&l, "k", 2_000).await;
+    let (_locker, leases) = renewing(backend.clone(), ttl, "k", 2_000).await;
     let taken = Instant::now();
 
     let victim = &leases[777];
@@ -176,46 +189,22 @@ async fn a_batch_that_times_out_leaves_each_lease_to_its_own_deadline() {
     proxy.pass();
 }
 
-/// Top-level script calls counted by the server at `url` so far.
-async fn script_calls(url: &str) -> u64 {
-    let client = redis::Client::open(url).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    info.lines()
-        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-        .filter_map(|l| {
-            l.split("calls=")
-                .nth(1)?
-                .split(',')
-                .next()?
-                .parse::<u64>()
-                .ok()
-        })
-        .sum()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_a_cluster_leases_of_many_slots_renew_in_one_call_per_master() {
     let ep = require_service!(Service::RedisCluster);
     let prefix = common::prefix("renew-cluster");
     let backend = common::redis_cluster(ep.urls(), &prefix).await;
-    let ttl = Duration::from_millis(1_500);
-    let l = harness::locker(backend, ttl, Renewal::Auto);
     // 600 distinct keys: they fall on ~590 slots, spread over every master.
-    let leases = take_many(&l, "c", 600).await;
+    let (_locker, leases) = renewing(backend, Duration::from_millis(1_500), "c", 600).await;
     let mut before = Vec::new();
     for url in ep.urls() {
-        before.push(script_calls(url).await);
+        before.push(common::commandstats::script_calls(url).await);
     }
     // Three renewal periods (ttl / 3 each).
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     let mut calls = 0;
     for (url, b) in ep.urls().iter().zip(before) {
-        calls += script_calls(url).await - b;
+        calls += common::commandstats::script_calls(url).await - b;
     }
     assert!(leases.iter().all(|l| !l.is_lost()), "a lease was lost");
     // One call per slot would be ~1,800; per master it is a few per batch. Other tests on the

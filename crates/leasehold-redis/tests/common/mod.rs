@@ -2,6 +2,8 @@
 
 #![allow(dead_code)]
 
+pub(crate) mod commandstats;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -32,7 +34,9 @@ pub(crate) async fn redis_behind_proxy(
     prefix: &str,
     response_timeout: Duration,
 ) -> (RedisBackend, leasehold_test_support::proxy::FaultProxy) {
-    let upstream = ep.addr().expect("tcp address");
+    let upstream = ep
+        .addr()
+        .unwrap_or_else(|| panic!("{} has no tcp address", ep.raw()));
     let proxy = leasehold_test_support::proxy::FaultProxy::start(upstream)
         .await
         .unwrap_or_else(|e| panic!("proxy: {e}"));
