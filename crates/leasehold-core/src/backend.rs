@@ -51,6 +51,17 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
     /// confirm the grant is still held and return its current validity.
     async fn extend(&self, req: ExtendRequest<'_>) -> Result<Option<Validity>, Error>;
 
+    /// Re-arms many grants at once: one outcome per request, in the order given, each as
+    /// [`extend`](LockBackend::extend) would return it. The renewal engine of the
+    /// [`Locker`](crate::Locker) calls it with every lease due within a window, each request's
+    /// `started` taken before the batch was sent. A grant that is no longer ours is `Ok(None)`
+    /// on its own; a fault may be one request's or the whole batch's.
+    ///
+    /// Backends that can renew many grants in one request do (Redis: one script over many
+    /// keys); the others call [`extend_each`](crate::extend_each).
+    async fn extend_many(&self, reqs: &[ExtendRequest<'_>])
+    -> Vec<Result<Option<Validity>, Error>>;
+
     /// What the backend can tell about the current holder of `key`, if anyone holds it.
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error>;
 }

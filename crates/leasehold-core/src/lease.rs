@@ -6,7 +6,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
-use tokio::task::AbortHandle;
 use tokio::time::Instant;
 use tracing::Instrument;
 
@@ -19,6 +18,7 @@ use crate::loss::LossReason;
 use crate::metrics;
 use crate::policy::check_ttl;
 use crate::release::{Horizon, RELEASE_BUDGET, release_in_background, retry_release};
+use crate::renewal::{Renewable, Renewer, Ticket};
 use crate::signal::{LostSignal, Shared};
 use crate::token::{FencingToken, Owner};
 
@@ -48,7 +48,8 @@ struct Inner {
     shared: Arc<Shared>,
     ttl: Mutex<Duration>,
     released: AtomicBool,
-    watchdog: Mutex<Option<AbortHandle>>,
+    /// The lease's place in the renewal engine's queue, while it renews.
+    watchdog: Mutex<Option<Ticket>>,
 }
 
 impl Inner {
@@ -72,14 +73,31 @@ impl Inner {
     }
 
     fn stop_watchdog(&self) {
-        let handle = self
+        let ticket = self
             .watchdog
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .take();
-        if let Some(h) = handle {
-            h.abort();
-        }
+        // Dropped outside the lock: leaving the engine's queue takes the engine's lock.
+        drop(ticket);
+    }
+}
+
+impl Renewable for Inner {
+    fn held(&self) -> Held<'_> {
+        Inner::held(self)
+    }
+
+    fn ttl(&self) -> Duration {
+        Inner::ttl(self)
+    }
+
+    fn status(&self) -> &Shared {
+        &self.shared
+    }
+
+    fn key(&self) -> &LockKey {
+        &self.key
     }
 }
 
@@ -141,18 +159,19 @@ impl Lease {
         }
     }
 
-    /// Starts the renewal watchdog: extend every `interval` until released, dropped or lost.
-    pub(crate) fn start_watchdog(&self, interval: Duration) {
-        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+    /// Queues the lease in the locker's renewal engine: renewed every `interval` (in batches
+    /// with the locker's other leases) until released, dropped or lost.
+    pub(crate) fn start_watchdog(&self, renewer: &Renewer, interval: Duration) {
+        let lease: Weak<dyn Renewable> = Arc::downgrade(&self.inner) as Weak<Inner>;
+        let Some(ticket) = renewer.register(lease, interval) else {
             tracing::warn!(key = %self.inner.key, "no Tokio runtime: lease renewal is off");
             return;
         };
-        let task = rt.spawn(watchdog(Arc::downgrade(&self.inner), interval));
         *self
             .inner
             .watchdog
             .lock()
-            .unwrap_or_else(PoisonError::into_inner) = Some(task.abort_handle());
+            .unwrap_or_else(PoisonError::into_inner) = Some(ticket);
     }
 
     /// The locked key.
@@ -392,57 +411,6 @@ fn background_release(inner: Arc<Inner>, horizon: Horizon, handed_over: bool) ->
         tracing::debug!(key = %key, backend = name, "leasehold.release: in the background");
     }
     spawned
-}
-
-async fn watchdog(lease: Weak<Inner>, interval: Duration) {
-    let mut next = Instant::now() + interval;
-    loop {
-        tokio::time::sleep_until(next).await;
-        let Some(inner) = lease.upgrade() else { return };
-        if inner.shared.loss().is_some() {
-            return;
-        }
-        let ttl = inner.ttl();
-        let started = Instant::now();
-        match inner
-            .backend
-            .extend(ExtendRequest::new(inner.held(), ttl, started))
-            .await
-        {
-            Ok(Some(v)) => {
-                if inner.shared.renew(v).is_err() {
-                    return;
-                }
-                tracing::trace!(key = %inner.key, backend = inner.backend.name(), "leasehold.renew");
-                next = started + interval;
-            }
-            Ok(None) => {
-                tracing::warn!(key = %inner.key, backend = inner.backend.name(),
-                    "leasehold.lost: renewal found the grant gone");
-                inner.shared.lose(LossReason::NotHeld);
-                return;
-            }
-            Err(e) => {
-                metrics::renewal_failed(inner.backend.name());
-                let now = Instant::now();
-                let deadline = inner.shared.valid_until().unwrap_or(now);
-                if now >= deadline {
-                    tracing::warn!(key = %inner.key, backend = inner.backend.name(), error = %e,
-                        "leasehold.lost: renewal failed until the deadline");
-                    inner
-                        .shared
-                        .lose(LossReason::RenewalFailed(Arc::from(e.to_string())));
-                    return;
-                }
-                tracing::debug!(key = %inner.key, backend = inner.backend.name(), error = %e,
-                    "leasehold.renew failed; retrying before the deadline");
-                let retry = (interval / 4)
-                    .min((deadline - now) / 2)
-                    .max(Duration::from_millis(1));
-                next = now + retry;
-            }
-        }
-    }
 }
 
 #[cfg(test)]

@@ -74,7 +74,8 @@
 //! - Backends that release on their own use the same two functions: [`retry_release`] and
 //!   [`release_in_background`].
 //! - **Extend and loss.** Extending re-arms the TTL only while we hold the grant; a watchdog
-//!   can do it. When renewal fails, the deadline passes or the backend reports the loss, the
+//!   can do it: one renewal engine per [`Locker`] renews its leases in batches
+//!   ([`LockBackend::extend_many`]), each lease with its own outcome. When renewal fails, the deadline passes or the backend reports the loss, the
 //!   lease's [lost signal](Lease::lost) fires: the holder is told, not left to find out on its
 //!   next write.
 //!
@@ -121,6 +122,7 @@ pub mod metrics;
 mod policy;
 pub mod redaction;
 mod release;
+mod renewal;
 mod signal;
 mod token;
 mod validity;
@@ -141,6 +143,7 @@ pub use memory::MemoryBackend;
 pub use policy::{Backoff, Drift, LockOptions, Renewal};
 pub use redaction::{Redacted, redact};
 pub use release::{Horizon, RELEASE_BUDGET, release_in_background, retry_release};
+pub use renewal::{MAX_BATCH, extend_each};
 pub use signal::{LeaseMonitor, LostSignal};
 pub use token::{FencingToken, OWNER_BYTES, Owner};
 pub use validity::Validity;

@@ -16,6 +16,7 @@ use crate::lease::{Lease, LeaseInfo};
 use crate::metrics;
 use crate::policy::{API, LockOptions};
 use crate::release::{Horizon, release_in_background};
+use crate::renewal::Renewer;
 use crate::signal::{LeaseMonitor, Shared};
 use crate::token::Owner;
 
@@ -42,11 +43,22 @@ use crate::token::Owner;
 /// held. If the future is dropped while a request is in flight (or a request fails in a way that
 /// leaves its outcome unknown), the `Locker` releases by owner value in the background, so a
 /// grant that reached the server anyway does not linger until its TTL.
+///
+/// # Renewal
+///
+/// On backends that renew by extending a TTL, one renewal engine per locker (shared by its
+/// clones; a locker made again from the same backend has its own) renews every lease it handed
+/// out: one task, a queue ordered by due time, and every lease due within an eighth of the
+/// renewal interval renewed together through [`LockBackend::extend_many`] (at most
+/// [`MAX_BATCH`](crate::MAX_BATCH) per call). Each lease keeps its own outcome and its own
+/// deadline; a released or dropped lease leaves the queue at once.
 #[derive(Clone, Debug)]
 pub struct Locker {
     backend: Arc<dyn LockBackend>,
     caps: Capabilities,
     options: Arc<LockOptions>,
+    /// Renews every lease this locker (and its clones) handed out, in batches.
+    pub(crate) renewer: Renewer,
 }
 
 enum Mode {
@@ -67,6 +79,7 @@ impl Locker {
         // The default TTL must suit the backend; clamp it into the declared range.
         options.ttl = options.ttl.clamp(caps.min_ttl, caps.max_ttl);
         Self {
+            renewer: Renewer::new(Arc::clone(&backend)),
             backend,
             caps,
             options: Arc::new(options),
@@ -309,7 +322,7 @@ impl Locker {
         if self.caps.renewal == RenewalKind::Extend
             && let Some(interval) = self.options.renewal_interval()
         {
-            lease.start_watchdog(interval);
+            lease.start_watchdog(&self.renewer, interval);
         }
         Ok((Some(lease), attempts))
     }

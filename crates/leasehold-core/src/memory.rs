@@ -217,6 +217,14 @@ impl LockBackend for MemoryBackend {
         }))
     }
 
+    /// No batch request here: each grant in turn.
+    async fn extend_many(
+        &self,
+        reqs: &[crate::ExtendRequest<'_>],
+    ) -> Vec<Result<Option<crate::Validity>, crate::Error>> {
+        crate::extend_each(self, reqs).await
+    }
+
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
         let now = Instant::now();
         Ok(self
@@ -328,6 +336,14 @@ mod tests {
             async fn extend(&self, req: ExtendRequest<'_>) -> Result<Option<Validity>, Error> {
                 self.inner.extend(req).await
             }
+            /// No batch request here: each grant in turn.
+            async fn extend_many(
+                &self,
+                reqs: &[crate::ExtendRequest<'_>],
+            ) -> Vec<Result<Option<crate::Validity>, crate::Error>> {
+                crate::extend_each(self, reqs).await
+            }
+
             async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
                 self.inner.inspect(key).await
             }

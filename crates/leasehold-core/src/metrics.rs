@@ -18,6 +18,9 @@
 //! | `leasehold_release_retries_total` | counter | `backend` | release attempts sent again after a transient fault (a server that said "too many requests", "busy" or "loading", a timeout, a dropped connection), in a `release()` call or in the background |
 //! | `leasehold_releases_backgrounded_total` | counter | `backend` | releases left to the background retrier after a transient fault: a `release()` call out of its budget, or the release of a dropped lease or an abandoned acquisition whose first attempt failed |
 //! | `leasehold_releases_given_up_total` | counter | `backend`, `reason` | background releases that stopped without an answer: `reason` is `expired` (the grant's TTL has passed on the server, so it is gone anyway) or `error` (a fault that retrying cannot fix; the grant ends by its TTL or session). Never `expired` for a backend whose grants live with a session while that session lives |
+//! | `leasehold_renewal_batch_size` | histogram | `backend` | leases renewed together in one batch of the renewal engine (one `extend_many` call) |
+//! | `leasehold_renewal_batch_seconds` | histogram | `backend` | duration of each renewal batch, from before it was sent to its last answer |
+//! | `leasehold_renewal_batch_failures_total` | counter | `backend` | renewal batches in which at least one lease got a fault (a batch that failed or timed out as a whole counts once) |
 //! | `leasehold_requests_total` | counter | `route`, `outcome` | recorded by `leasehold-tower`'s `LockLayer`: one per request, see its documentation |
 //!
 //! `backend` is the backend's name (`memory`, `redis`, `redlock`, `postgres`, `etcd`, `file`,
@@ -44,6 +47,12 @@ pub const RELEASE_RETRIES: &str = "leasehold_release_retries_total";
 pub const RELEASES_BACKGROUNDED: &str = "leasehold_releases_backgrounded_total";
 /// Counter: background releases that stopped without an answer, by `backend` and `reason`.
 pub const RELEASES_GIVEN_UP: &str = "leasehold_releases_given_up_total";
+/// Histogram: leases per renewal batch, by `backend`.
+pub const RENEWAL_BATCH_SIZE: &str = "leasehold_renewal_batch_size";
+/// Histogram: seconds per renewal batch, by `backend`.
+pub const RENEWAL_BATCH_SECONDS: &str = "leasehold_renewal_batch_seconds";
+/// Counter: renewal batches with at least one fault, by `backend`.
+pub const RENEWAL_BATCH_FAILURES: &str = "leasehold_renewal_batch_failures_total";
 /// Counter: requests through `leasehold-tower`'s `LockLayer`, by `route` and `outcome`.
 pub const REQUESTS: &str = "leasehold_requests_total";
 
@@ -91,6 +100,21 @@ pub fn describe() {
         RENEWAL_FAILURES,
         Unit::Count,
         "Lease renewals that failed with a fault"
+    );
+    describe_histogram!(
+        RENEWAL_BATCH_SIZE,
+        Unit::Count,
+        "Leases renewed together in one batch"
+    );
+    describe_histogram!(
+        RENEWAL_BATCH_SECONDS,
+        Unit::Seconds,
+        "Duration of renewal batches"
+    );
+    describe_counter!(
+        RENEWAL_BATCH_FAILURES,
+        Unit::Count,
+        "Renewal batches in which a lease got a fault"
     );
     describe_counter!(
         RELEASE_RETRIES,
@@ -212,4 +236,26 @@ pub(crate) fn release_given_up(backend: &'static str, reason: &'static str) {
     metrics::counter!(RELEASES_GIVEN_UP, "backend" => backend, "reason" => reason).increment(1);
     #[cfg(not(feature = "metrics"))]
     let _ = (backend, reason);
+}
+
+/// A renewal batch of `size` leases ended, `failed` of them with a fault.
+#[inline(always)]
+pub(crate) fn renewal_batch(
+    backend: &'static str,
+    size: usize,
+    failed: usize,
+    started: tokio::time::Instant,
+) {
+    #[cfg(feature = "metrics")]
+    {
+        #[allow(clippy::cast_precision_loss)] // batch sizes are far below 2^52
+        metrics::histogram!(RENEWAL_BATCH_SIZE, "backend" => backend).record(size as f64);
+        metrics::histogram!(RENEWAL_BATCH_SECONDS, "backend" => backend)
+            .record(started.elapsed().as_secs_f64());
+        if failed > 0 {
+            metrics::counter!(RENEWAL_BATCH_FAILURES, "backend" => backend).increment(1);
+        }
+    }
+    #[cfg(not(feature = "metrics"))]
+    let _ = (backend, size, failed, started);
 }

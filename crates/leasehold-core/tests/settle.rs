@@ -38,6 +38,13 @@ impl LockBackend for SlowRelease {
     async fn extend(&self, req: ExtendRequest<'_>) -> Result<Option<Validity>, Error> {
         self.inner.extend(req).await
     }
+    async fn extend_many(
+        &self,
+        reqs: &[leasehold_core::ExtendRequest<'_>],
+    ) -> Vec<Result<Option<leasehold_core::Validity>, leasehold_core::Error>> {
+        leasehold_core::extend_each(self, reqs).await
+    }
+
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
         self.inner.inspect(key).await
     }

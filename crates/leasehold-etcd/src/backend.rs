@@ -286,6 +286,14 @@ impl LockBackend for EtcdBackend {
         Ok(held.then_some(validity))
     }
 
+    /// No batch request here: each grant in turn.
+    async fn extend_many(
+        &self,
+        reqs: &[leasehold_core::ExtendRequest<'_>],
+    ) -> Vec<Result<Option<leasehold_core::Validity>, leasehold_core::Error>> {
+        leasehold_core::extend_each(self, reqs).await
+    }
+
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
         let prefix = self.lock_prefix(key);
         let resp = self

@@ -545,6 +545,14 @@ impl LockBackend for FileBackend {
             .map(|_| req.ttl_validity()))
     }
 
+    /// No batch request here: each grant in turn.
+    async fn extend_many(
+        &self,
+        reqs: &[leasehold_core::ExtendRequest<'_>],
+    ) -> Vec<Result<Option<leasehold_core::Validity>, leasehold_core::Error>> {
+        leasehold_core::extend_each(self, reqs).await
+    }
+
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
         let (lock, fence) = (self.lock_path(key), self.fence_path(key));
         let sharing = self.inner.config.sharing;

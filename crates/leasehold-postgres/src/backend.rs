@@ -436,6 +436,14 @@ impl LockBackend for PostgresBackend {
         }
     }
 
+    /// No batch request here: each grant in turn.
+    async fn extend_many(
+        &self,
+        reqs: &[leasehold_core::ExtendRequest<'_>],
+    ) -> Vec<Result<Option<leasehold_core::Validity>, leasehold_core::Error>> {
+        leasehold_core::extend_each(self, reqs).await
+    }
+
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
         let id = self.lock_id(key);
         let lent = self.shared.pool.shared(None).await?;

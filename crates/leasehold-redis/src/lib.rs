@@ -96,6 +96,22 @@
 //! channel); extend is compare-and-`PEXPIRE`. Scripts run by SHA and are reloaded on `NOSCRIPT`.
 //! All leases of one backend share one multiplexed, auto-reconnecting connection per server.
 //!
+//! # Renewal in batches
+//!
+//! The `Locker`'s renewal engine hands the backend every lease due within a window; the
+//! backend re-arms them with one compare-and-`PEXPIRE` script over up to 250 keys per call
+//! (each key with its own owner and TTL, each with its own answer), the calls sent together on
+//! the shared connection. 10,000 leases with a 3 s TTL cost about 50 script calls per renewal
+//! period instead of 10,000. A key whose owner no longer matches makes only its lease lost; a
+//! call that fails or times out leaves each of its leases to be retried before its own
+//! deadline. On a Redis Cluster the leases are grouped by the master of their slot (`CLUSTER
+//! SLOTS`, read once per batch) and each master gets the same script flagged
+//! `allow-cross-slot-keys` (Redis 7; the keys travel in `ARGV`, as a cluster refuses declared
+//! keys of several slots): per master the count of one server, about 50 calls per renewal
+//! period for 10,000 leases on it. A group a master refuses (a slot moved while resharding)
+//! falls back to one call per slot. Redlock sends the same batches to every node concurrently, each
+//! bounded by the per-node timeout, and counts the majority per lease.
+//!
 //! # Redlock, as implemented
 //!
 //! - One fresh 160-bit owner value per acquisition; `SET NX PX` on every node **concurrently**,
@@ -134,6 +150,7 @@ mod keys;
 mod node;
 mod options;
 mod redlock;
+mod renew;
 mod scripts;
 mod single;
 

@@ -12,7 +12,7 @@ use redis::{Client, Cmd, FromRedisValue, Pipeline, RedisError, RedisFuture, Scri
 use tokio::sync::OnceCell;
 
 use crate::keys::Names;
-use crate::scripts::{ACQUIRE_FAIR, ACQUIRE_FENCED, EXTEND, RELEASE};
+use crate::scripts::{ACQUIRE_FAIR, ACQUIRE_FENCED, EXTEND_MANY, EXTEND_MANY_CROSS_SLOT, RELEASE};
 
 /// What one `SET NX` found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,6 +89,11 @@ impl Node {
             conn: OnceCell::new(),
             backend,
         })
+    }
+
+    /// The backend's name, for errors.
+    pub(crate) fn backend(&self) -> &'static str {
+        self.backend
     }
 
     /// Whether this is a Redis Cluster.
@@ -214,12 +219,93 @@ impl Node {
         ttl: Duration,
         reset: bool,
     ) -> Result<bool, Error> {
-        let mut cmd = evalsha(&EXTEND, 1, 3);
-        cmd.arg(names.lock())
-            .arg(owner.as_str())
-            .arg(ttl_ms(ttl))
-            .arg(if reset { "1" } else { "0" });
-        Ok(self.eval::<i64>(&EXTEND, &cmd, "extend").await? == 1)
+        let extended = self
+            .extend_many(&[(names, owner, ttl)], reset, false)
+            .await?;
+        Ok(extended.first() == Some(&true))
+    }
+
+    /// Compare-and-pexpire of many locks in one script call: one answer per lock, in order. On
+    /// a Redis Cluster the locks must share one slot, or with `cross_slot` one master (the call
+    /// goes to the master of the first lock's slot).
+    pub(crate) async fn extend_many(
+        &self,
+        locks: &[(&Names, &Owner, Duration)],
+        reset: bool,
+        cross_slot: bool,
+    ) -> Result<Vec<bool>, Error> {
+        let n = locks.len();
+        let reset = if reset { "1" } else { "0" };
+        let (script, cmd) = if cross_slot {
+            let mut cmd = evalsha(&EXTEND_MANY_CROSS_SLOT, 1, 1 + 3 * n);
+            if let Some((first, _, _)) = locks.first() {
+                cmd.arg(first.lock());
+            }
+            cmd.arg(reset);
+            for (names, owner, ttl) in locks {
+                cmd.arg(names.lock()).arg(owner.as_str()).arg(ttl_ms(*ttl));
+            }
+            (&EXTEND_MANY_CROSS_SLOT, cmd)
+        } else {
+            let mut cmd = evalsha(&EXTEND_MANY, n, 1 + 2 * n);
+            for (names, _, _) in locks {
+                cmd.arg(names.lock());
+            }
+            cmd.arg(reset);
+            for (_, owner, ttl) in locks {
+                cmd.arg(owner.as_str()).arg(ttl_ms(*ttl));
+            }
+            (&EXTEND_MANY, cmd)
+        };
+        let answers: Vec<i64> = self.eval(script, &cmd, "extend").await?;
+        if answers.len() != locks.len() {
+            return Err(Error::new(
+                ErrorKind::Backend,
+                self.backend,
+                format!(
+                    "extend on {}: {} answers for {} locks",
+                    self.name,
+                    answers.len(),
+                    locks.len()
+                ),
+            ));
+        }
+        Ok(answers.into_iter().map(|n| n == 1).collect())
+    }
+
+    /// Redis Cluster: the slot ranges and the master (`host:port`) serving each, from
+    /// `CLUSTER SLOTS`.
+    pub(crate) async fn slot_masters(&self) -> Result<Vec<(u16, u16, String)>, Error> {
+        let mut conn = self.conn().await?;
+        let ranges: Vec<Value> = redis::cmd("CLUSTER")
+            .arg("SLOTS")
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.error(&e, "cluster slots"))?;
+        let range = |v: &Value| -> Option<(u16, u16, String)> {
+            let Value::Array(r) = v else { return None };
+            let int = |v: Option<&Value>| match v {
+                Some(Value::Int(n)) => u16::try_from(*n).ok(),
+                _ => None,
+            };
+            let Some(Value::Array(master)) = r.get(2) else {
+                return None;
+            };
+            let host: String = redis::from_redis_value_ref(master.first()?).ok()?;
+            let port = int(master.get(1))?;
+            Some((int(r.first())?, int(r.get(1))?, format!("{host}:{port}")))
+        };
+        ranges
+            .iter()
+            .map(range)
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| {
+                Error::new(
+                    ErrorKind::Backend,
+                    self.backend,
+                    format!("cluster slots on {}: an answer of unknown shape", self.name),
+                )
+            })
     }
 
     /// The holder's owner value, remaining TTL and the lock's fence counter.

@@ -19,6 +19,7 @@ use tokio::time::Instant;
 use crate::config::{REDLOCK as NAME, RedlockConfig};
 use crate::keys::Names;
 use crate::node::{Connector, Node, Taken, names};
+use crate::renew::extend_on;
 
 /// What Redlock guarantees and supports: a constant, as
 /// [`LockBackend::capabilities`] requires.
@@ -486,6 +487,46 @@ impl LockBackend for RedlockBackend {
                 .map(|_| req.ttl_validity()));
         }
         tally.no_quorum(&self.inner.nodes, None)
+    }
+
+    async fn extend_many(
+        &self,
+        reqs: &[ExtendRequest<'_>],
+    ) -> Vec<Result<Option<Validity>, Error>> {
+        let Some(shortest) = reqs.iter().map(|r| r.ttl).min() else {
+            return Vec::new();
+        };
+        // Every node at once, each script call bounded by the per-node timeout; a node that
+        // lost a key (restarted empty) gets it set again with our value.
+        let per_node = self.node_timeout(shortest);
+        let prefix = &self.inner.config.prefix;
+        let answers = join_all(
+            self.inner
+                .nodes
+                .iter()
+                .map(|node| extend_on(node, prefix, reqs, true, Some(per_node))),
+        )
+        .await;
+        let mut by_node: Vec<_> = answers.into_iter().map(Vec::into_iter).collect();
+        // The majority rule, per lease.
+        reqs.iter()
+            .map(|req| {
+                let mut tally = self.tally("extend", "extended", "held by another owner");
+                for (slot, answers) in tally.outcomes.iter_mut().zip(&mut by_node) {
+                    *slot = answers.next().map(|a| match a {
+                        Ok(true) => Outcome::Yes,
+                        Ok(false) => Outcome::No,
+                        Err(e) => Outcome::Failed(e),
+                    });
+                }
+                if tally.yes() >= self.quorum() {
+                    return Ok(self
+                        .validity_left(req.started, req.ttl)
+                        .map(|_| req.ttl_validity()));
+                }
+                tally.no_quorum(&self.inner.nodes, None)
+            })
+            .collect()
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {

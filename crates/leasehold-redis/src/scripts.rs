@@ -88,22 +88,50 @@ return 0
     )
 });
 
-/// `KEYS[1]` lock; `ARGV[1]` owner, `ARGV[2]` ttl in ms, `ARGV[3]` `1` to set the key again
-/// when it is missing (Redlock: a node that restarted empty).
-/// Re-arms the TTL only if the lock holds our owner value. 1 if extended (or set again), else 0.
-pub(crate) static EXTEND: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
-local v = redis.call('GET', KEYS[1])
-if v == ARGV[1] then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+/// `KEYS[1..n]` locks; `ARGV[1]` `1` to set a key again when it is missing (Redlock: a node
+/// that restarted empty), then for lock `i` its owner `ARGV[2i]` and its ttl in ms
+/// `ARGV[2i+1]`.
+/// Re-arms each lock's TTL only if it holds its owner value. Returns one integer per lock, in
+/// order: 1 if extended (or set again), else 0. The renewal engine sends many locks at once;
+/// a single extend is the case n = 1.
+pub(crate) static EXTEND_MANY: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        "{RENEW_FN}
+for i, key in ipairs(KEYS) do
+  out[i] = renew(key, ARGV[2 * i], ARGV[2 * i + 1])
 end
-if not v and ARGV[3] == '1' then
-  if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+return out
+"
+    ))
+});
+
+/// Redis Cluster, Redis 7: [`EXTEND_MANY`] over locks of many slots served by one master,
+/// flagged `allow-cross-slot-keys`. A cluster refuses declared keys of different slots, so
+/// `KEYS[1]` is only the first lock (it routes the call to its master) and the locks come in
+/// `ARGV`: `ARGV[1]` as above, then for lock `i` its name `ARGV[3i-1]`, owner `ARGV[3i]` and
+/// ttl in ms `ARGV[3i+1]`. Same answers as [`EXTEND_MANY`].
+pub(crate) static EXTEND_MANY_CROSS_SLOT: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        "#!lua flags=allow-cross-slot-keys
+{RENEW_FN}
+for i = 1, (#ARGV - 1) / 3 do
+  out[i] = renew(ARGV[3 * i - 1], ARGV[3 * i], ARGV[3 * i + 1])
+end
+return out
+"
+    ))
+});
+
+/// The compare-and-pexpire of one lock, shared by the batch scripts.
+const RENEW_FN: &str = r"local reset = ARGV[1] == '1'
+local function renew(key, owner, ttl)
+  local v = redis.call('GET', key)
+  if v == owner then
+    return redis.call('PEXPIRE', key, ttl)
+  end
+  if (not v) and reset and redis.call('SET', key, owner, 'NX', 'PX', ttl) then
     return 1
   end
+  return 0
 end
-return 0
-",
-    )
-});
+local out = {}";

@@ -18,6 +18,7 @@ use tokio::time::Instant;
 
 use crate::config::{Deployment, REDIS as NAME, RedisConfig, invalid};
 use crate::node::{Connector, Node, Taken, names};
+use crate::renew::extend_on;
 
 /// What single-node Redis guarantees and supports: a constant, as
 /// [`LockBackend::capabilities`] requires.
@@ -424,6 +425,19 @@ impl LockBackend for RedisBackend {
             .extend(&names, req.held.owner, req.ttl, false)
             .await?;
         Ok(ok.then(|| req.ttl_validity()))
+    }
+
+    async fn extend_many(
+        &self,
+        reqs: &[ExtendRequest<'_>],
+    ) -> Vec<Result<Option<Validity>, Error>> {
+        let prefix = &self.inner.config.prefix;
+        let answers = extend_on(&self.inner.node, prefix, reqs, false, None).await;
+        answers
+            .into_iter()
+            .zip(reqs)
+            .map(|(held, req)| held.map(|h| h.then(|| req.ttl_validity())))
+            .collect()
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {

@@ -117,6 +117,13 @@ impl LockBackend for Broken {
         }
     }
 
+    async fn extend_many(
+        &self,
+        reqs: &[leasehold_core::ExtendRequest<'_>],
+    ) -> Vec<Result<Option<leasehold_core::Validity>, leasehold_core::Error>> {
+        leasehold_core::extend_each(self, reqs).await
+    }
+
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
         self.inner.inspect(key).await
     }

@@ -151,6 +151,13 @@ impl leasehold_core::LockBackend for Down {
     ) -> Result<Option<leasehold_core::Validity>, Error> {
         Err(down())
     }
+    async fn extend_many(
+        &self,
+        reqs: &[leasehold_core::ExtendRequest<'_>],
+    ) -> Vec<Result<Option<leasehold_core::Validity>, leasehold_core::Error>> {
+        leasehold_core::extend_each(self, reqs).await
+    }
+
     async fn inspect(
         &self,
         _key: &leasehold_core::LockKey,

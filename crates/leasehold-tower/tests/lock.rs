@@ -277,6 +277,13 @@ impl LockBackend for Unreachable {
     async fn extend(&self, _req: ExtendRequest<'_>) -> Result<Option<Validity>, Error> {
         Err(down())
     }
+    async fn extend_many(
+        &self,
+        reqs: &[leasehold_core::ExtendRequest<'_>],
+    ) -> Vec<Result<Option<leasehold_core::Validity>, leasehold_core::Error>> {
+        leasehold_core::extend_each(self, reqs).await
+    }
+
     async fn inspect(&self, _key: &LockKey) -> Result<Option<HolderInfo>, Error> {
         Err(down())
     }

@@ -2,6 +2,8 @@
 
 #![allow(dead_code)]
 
+pub(crate) mod commandstats;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,6 +25,29 @@ pub(crate) async fn redis(url: &str, prefix: &str) -> RedisBackend {
     RedisBackend::connect(config)
         .await
         .unwrap_or_else(|e| panic!("connect: {e}"))
+}
+
+/// A single-node backend reached through a fresh fault proxy in front of the server at `ep`
+/// (kept alive by the caller), with a short response timeout so that a black hole shows soon.
+pub(crate) async fn redis_behind_proxy(
+    ep: &Endpoints,
+    prefix: &str,
+    response_timeout: Duration,
+) -> (RedisBackend, leasehold_test_support::proxy::FaultProxy) {
+    let upstream = ep
+        .addr()
+        .unwrap_or_else(|| panic!("{} has no tcp address", ep.raw()));
+    let proxy = leasehold_test_support::proxy::FaultProxy::start(upstream)
+        .await
+        .unwrap_or_else(|e| panic!("proxy: {e}"));
+    let config = RedisConfig::from_url(&format!("redis://{}", proxy.addr()))
+        .and_then(|c| c.with_prefix(prefix))
+        .unwrap_or_else(|e| panic!("config: {e}"))
+        .with_timeouts(Duration::from_secs(1), response_timeout);
+    let backend = RedisBackend::connect(config)
+        .await
+        .unwrap_or_else(|e| panic!("connect: {e}"));
+    (backend, proxy)
 }
 
 /// A locker with a 10 s TTL and no renewal, for tests that hold locks briefly.

@@ -1,0 +1,471 @@
+//! The renewal engine: one task per [`Locker`](crate::Locker) (shared by its clones) renews
+//! every lease it handed out, in batches, through [`LockBackend::extend_many`].
+//!
+//! Leases wait in a queue ordered by their next renewal instant. When the first is due, the
+//! engine takes every lease due within a window after it (an eighth of its renewal interval),
+//! up to [`MAX_BATCH`], and hands them to the backend in one call: a Redis backend sends one
+//! script over many keys instead of one round trip per lease. Each lease still gets its own
+//! outcome:
+//!
+//! - renewed: its validity counts from the instant taken *before* the batch was sent, and its
+//!   next renewal is one interval later, minus a random jitter of up to a tenth of the interval
+//!   (leases acquired together drift apart instead of renewing in lockstep forever; the jitter
+//!   only ever renews earlier);
+//! - not held any more: it alone is reported lost ([`LossReason::NotHeld`]);
+//! - a fault, or a batch that failed or did not answer in time as a whole: each lease is retried
+//!   before its own deadline, and reported lost when that deadline passes.
+//!
+//! A batch runs in a task of its own, so a batch stuck on a dead connection never delays the
+//! leases of the next one; the engine's task exits when no lease is left, and is started again
+//! by the next one. A released or dropped lease leaves the queue at once (its [`Ticket`] goes).
+
+use std::collections::{BTreeSet, HashMap};
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::time::Duration;
+
+use rand::Rng as _;
+use tokio::sync::Notify;
+use tokio::task::AbortHandle;
+use tokio::time::Instant;
+
+use crate::backend::LockBackendExt as _;
+use crate::backend::{ExtendRequest, Held, LockBackend};
+use crate::error::{Error, ErrorKind};
+use crate::key::LockKey;
+use crate::loss::LossReason;
+use crate::metrics;
+use crate::signal::Shared;
+use crate::validity::Validity;
+
+/// The most leases handed to the backend in one [`LockBackend::extend_many`] call; the backend
+/// splits them further as its protocol needs (the Redis backends send scripts of at most a few
+/// hundred keys).
+pub const MAX_BATCH: usize = 2_000;
+
+/// What the engine needs of a lease; implemented by the lease's shared state.
+pub(crate) trait Renewable: Send + Sync {
+    /// The grant, as handed to the backend.
+    fn held(&self) -> Held<'_>;
+    /// The TTL to renew with.
+    fn ttl(&self) -> Duration;
+    /// The lease's status: its deadline and loss.
+    fn status(&self) -> &Shared;
+    /// The key, for logs.
+    fn key(&self) -> &LockKey;
+}
+
+/// The renewal engine of one [`Locker`](crate::Locker) and its clones.
+#[derive(Clone)]
+pub(crate) struct Renewer {
+    engine: Arc<Engine>,
+}
+
+impl fmt::Debug for Renewer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let queue = self.engine.lock();
+        f.debug_struct("Renewer")
+            .field("leases", &queue.entries.len())
+            .field("running", &queue.task.is_some())
+            .finish()
+    }
+}
+
+struct Engine {
+    backend: Arc<dyn LockBackend>,
+    queue: Mutex<Queue>,
+    wake: Notify,
+}
+
+#[derive(Default)]
+struct Queue {
+    next_id: u64,
+    entries: HashMap<u64, Entry>,
+    /// `(due, id)` of every entry not in flight.
+    due: BTreeSet<(Instant, u64)>,
+    task: Option<AbortHandle>,
+}
+
+struct Entry {
+    lease: Weak<dyn Renewable>,
+    interval: Duration,
+    /// `None` while a batch renews it.
+    due: Option<Instant>,
+}
+
+/// A lease's place in the engine's queue; dropping it takes the lease out.
+pub(crate) struct Ticket {
+    engine: Arc<Engine>,
+    id: u64,
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        let mut q = self.engine.lock();
+        if let Some(entry) = q.entries.remove(&self.id)
+            && let Some(due) = entry.due
+        {
+            q.due.remove(&(due, self.id));
+        }
+        let empty = q.entries.is_empty();
+        drop(q);
+        if empty {
+            // Lets the engine's task see the queue empty and end.
+            self.engine.wake.notify_one();
+        }
+    }
+}
+
+impl Renewer {
+    pub(crate) fn new(backend: Arc<dyn LockBackend>) -> Self {
+        Self {
+            engine: Arc::new(Engine {
+                backend,
+                queue: Mutex::new(Queue::default()),
+                wake: Notify::new(),
+            }),
+        }
+    }
+
+    /// Queues `lease` for renewal every `interval`, the first one `interval` from now. `None`
+    /// without a Tokio runtime (then nothing renews it).
+    pub(crate) fn register(
+        &self,
+        lease: Weak<dyn Renewable>,
+        interval: Duration,
+    ) -> Option<Ticket> {
+        let rt = tokio::runtime::Handle::try_current().ok()?;
+        let due = Instant::now() + interval;
+        let mut q = self.engine.lock();
+        let id = q.next_id;
+        q.next_id += 1;
+        let first = q.due.first().is_none_or(|&(d, _)| due < d);
+        q.entries.insert(
+            id,
+            Entry {
+                lease,
+                interval,
+                due: Some(due),
+            },
+        );
+        q.due.insert((due, id));
+        if q.task.as_ref().is_none_or(AbortHandle::is_finished) {
+            let engine = Arc::clone(&self.engine);
+            q.task = Some(rt.spawn(engine.run()).abort_handle());
+        } else if first {
+            drop(q);
+            self.engine.wake.notify_one();
+        }
+        Some(Ticket {
+            engine: Arc::clone(&self.engine),
+            id,
+        })
+    }
+}
+
+/// One lease in a batch.
+struct Member {
+    id: u64,
+    lease: Arc<dyn Renewable>,
+    interval: Duration,
+}
+
+/// What a batch decided for one lease.
+enum Next {
+    At(Instant),
+    Done,
+}
+
+impl Engine {
+    fn lock(&self) -> MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The engine's task: waits for the first due lease, hands a batch to a task of its own,
+    /// and ends when the queue is empty.
+    async fn run(self: Arc<Self>) {
+        loop {
+            let wait = {
+                let mut q = self.lock();
+                if q.entries.is_empty() {
+                    q.task = None;
+                    return;
+                }
+                match q.due.first().copied() {
+                    None => None,
+                    Some((first, _)) if first > Instant::now() => Some(first),
+                    Some(_) => {
+                        let batch = take_batch(&mut q);
+                        drop(q);
+                        if !batch.is_empty() {
+                            tokio::spawn(Arc::clone(&self).renew(batch));
+                        }
+                        continue;
+                    }
+                }
+            };
+            match wait {
+                Some(at) => {
+                    tokio::select! {
+                        () = tokio::time::sleep_until(at) => {}
+                        () = self.wake.notified() => {}
+                    }
+                }
+                // Every lease is in a batch: wait for one to come back.
+                None => self.wake.notified().await,
+            }
+        }
+    }
+
+    /// Renews `batch` in one call, then queues each lease again (or lets it go).
+    async fn renew(self: Arc<Self>, batch: Vec<Member>) {
+        let started = Instant::now();
+        let ttls: Vec<Duration> = batch.iter().map(|m| m.lease.ttl()).collect();
+        let reqs: Vec<ExtendRequest<'_>> = batch
+            .iter()
+            .zip(&ttls)
+            .map(|(m, &ttl)| ExtendRequest::new(m.lease.held(), ttl, started))
+            .collect();
+        let bound = batch_bound(&batch, started);
+        let name = self.backend.name();
+        let outcomes = match tokio::time::timeout(bound, self.backend.extend_many(&reqs)).await {
+            Ok(out) if out.len() == reqs.len() => out,
+            Ok(out) => {
+                let msg = format!(
+                    "extend_many answered {} outcomes for {} leases",
+                    out.len(),
+                    reqs.len()
+                );
+                batch_error(&reqs, name, ErrorKind::Backend, &msg)
+            }
+            Err(_) => {
+                let msg = format!("a renewal batch got no answer within {bound:?}");
+                batch_error(&reqs, name, ErrorKind::Unavailable, &msg)
+            }
+        };
+        drop(reqs);
+        let failed = outcomes.iter().filter(|o| o.is_err()).count();
+        metrics::renewal_batch(name, batch.len(), failed, started);
+        let next: Vec<Next> = batch
+            .iter()
+            .zip(outcomes)
+            .map(|(m, outcome)| settle(m, outcome, started, name))
+            .collect();
+        let mut q = self.lock();
+        for (m, next) in batch.iter().zip(next) {
+            match next {
+                Next::At(at) => {
+                    if let Some(entry) = q.entries.get_mut(&m.id) {
+                        entry.due = Some(at);
+                        q.due.insert((at, m.id));
+                    }
+                }
+                Next::Done => {
+                    q.entries.remove(&m.id);
+                }
+            }
+        }
+        drop(q);
+        self.wake.notify_one();
+        // The leases (`batch`) are dropped here, outside the queue's lock: the last reference
+        // to a lease may go with them, and its ticket takes that lock.
+    }
+}
+
+/// Takes every lease due within the window after the first one (at most [`MAX_BATCH`]), out of
+/// the queue and into a batch. Leases already dropped leave the queue.
+fn take_batch(q: &mut Queue) -> Vec<Member> {
+    let Some(&(first, first_id)) = q.due.first() else {
+        return Vec::new();
+    };
+    let window = q
+        .entries
+        .get(&first_id)
+        .map_or(Duration::ZERO, |e| e.interval / 8);
+    let horizon = first.max(Instant::now()) + window;
+    let mut batch = Vec::new();
+    while batch.len() < MAX_BATCH {
+        let Some(&(due, id)) = q.due.first() else {
+            break;
+        };
+        if due > horizon {
+            break;
+        }
+        q.due.remove(&(due, id));
+        let Some(entry) = q.entries.get_mut(&id) else {
+            continue;
+        };
+        match entry.lease.upgrade() {
+            Some(lease) if lease.status().loss().is_none() => {
+                entry.due = None;
+                batch.push(Member {
+                    id,
+                    lease,
+                    interval: entry.interval,
+                });
+            }
+            // Gone or lost: nothing left to renew. (An `Arc` dropped here is not the last one:
+            // the lease's own handle holds another while its ticket exists.)
+            _ => {
+                q.entries.remove(&id);
+            }
+        }
+    }
+    batch
+}
+
+/// How long a batch may take: its leases' shortest interval, and at most half the time left
+/// before the earliest deadline among them (so a batch that hangs still leaves time to retry).
+fn batch_bound(batch: &[Member], started: Instant) -> Duration {
+    let interval = batch
+        .iter()
+        .map(|m| m.interval)
+        .min()
+        .unwrap_or(Duration::from_secs(1));
+    let left = batch
+        .iter()
+        .filter_map(|m| m.lease.status().valid_until())
+        .min()
+        .map_or(interval, |d| d.saturating_duration_since(started) / 2);
+    interval.min(left).max(Duration::from_millis(1))
+}
+
+/// The same fault for every lease of a batch.
+fn batch_error(
+    reqs: &[ExtendRequest<'_>],
+    backend: &'static str,
+    kind: ErrorKind,
+    msg: &str,
+) -> Vec<Result<Option<Validity>, Error>> {
+    reqs.iter()
+        .map(|_| Err(Error::new(kind, backend, msg.to_owned())))
+        .collect()
+}
+
+/// Applies one lease's outcome: its next renewal, or the end of its renewals.
+fn settle(
+    m: &Member,
+    outcome: Result<Option<Validity>, Error>,
+    started: Instant,
+    backend: &'static str,
+) -> Next {
+    let lease = &m.lease;
+    let status = lease.status();
+    match outcome {
+        Ok(Some(v)) => {
+            if status.renew(v).is_err() {
+                return Next::Done;
+            }
+            tracing::trace!(key = %lease.key(), backend, "leasehold.renew");
+            let jitter = m.interval.mul_f64(rand::rng().random_range(0.0..0.1));
+            Next::At(started + m.interval - jitter)
+        }
+        Ok(None) => {
+            if status.loss().is_none() {
+                tracing::warn!(key = %lease.key(), backend,
+                    "leasehold.lost: renewal found the grant gone");
+                status.lose(LossReason::NotHeld);
+            }
+            Next::Done
+        }
+        Err(e) => {
+            metrics::renewal_failed(backend);
+            if status.loss().is_some() {
+                return Next::Done;
+            }
+            let now = Instant::now();
+            let deadline = status.valid_until().unwrap_or(now);
+            if now >= deadline {
+                tracing::warn!(key = %lease.key(), backend, error = %e,
+                    "leasehold.lost: renewal failed until the deadline");
+                status.lose(LossReason::RenewalFailed(Arc::from(e.to_string())));
+                return Next::Done;
+            }
+            tracing::debug!(key = %lease.key(), backend, error = %e,
+                "leasehold.renew failed; retrying before the deadline");
+            let retry = (m.interval / 4)
+                .min((deadline - now) / 2)
+                .max(Duration::from_millis(1));
+            Next::At(now + retry)
+        }
+    }
+}
+
+/// [`LockBackend::extend_many`] for a backend that has no batch request: each grant in turn,
+/// through [`LockBackend::extend`]. Session backends (whose `extend` only confirms a grant the
+/// session keeps alive) and in-process backends use it.
+pub async fn extend_each<B: LockBackend + ?Sized>(
+    backend: &B,
+    reqs: &[ExtendRequest<'_>],
+) -> Vec<Result<Option<Validity>, Error>> {
+    let mut out = Vec::with_capacity(reqs.len());
+    for req in reqs {
+        out.push(backend.extend(*req).await);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{LockOptions, Locker, MemoryBackend, Renewal};
+
+    fn queued(locker: &Locker) -> (usize, Vec<Instant>) {
+        let q = locker.renewer.engine.lock();
+        (q.entries.len(), q.due.iter().map(|&(d, _)| d).collect())
+    }
+
+    /// Leases taken together renew together, then come due at jittered instants (never later
+    /// than one interval after the batch); released and dropped leases leave the queue, and
+    /// the engine's task ends with the last one.
+    #[tokio::test(start_paused = true)]
+    async fn leases_renew_in_batches_then_drift_apart_and_leave_the_queue() {
+        let interval = Duration::from_secs(1);
+        let options = LockOptions::default()
+            .with_ttl(Duration::from_secs(3))
+            .with_renewal(Renewal::Every(interval));
+        let locker = Locker::new(MemoryBackend::new())
+            .with_options(options)
+            .unwrap();
+        let mut leases = Vec::new();
+        for i in 0..100 {
+            leases.push(locker.try_acquire(format!("k{i}")).await.unwrap().unwrap());
+        }
+        let t0 = Instant::now();
+        let (n, due) = queued(&locker);
+        assert_eq!(n, 100);
+        assert!(
+            due.iter().all(|&d| d == t0 + interval),
+            "first renewal one interval on"
+        );
+
+        tokio::time::sleep(interval + Duration::from_millis(10)).await;
+        let (n, due) = queued(&locker);
+        assert_eq!(n, 100, "every lease still queued");
+        let distinct: BTreeSet<_> = due.iter().collect();
+        assert!(
+            distinct.len() > 90,
+            "jitter spread the next renewals: {distinct:?}"
+        );
+        let renewed = t0 + interval;
+        for d in &due {
+            assert!(*d <= renewed + interval && *d >= renewed + interval.mul_f64(0.9));
+        }
+        assert!(
+            leases
+                .iter()
+                .all(|l| l.valid_until() > t0 + Duration::from_secs(3))
+        );
+
+        assert!(leases.pop().unwrap().release().await.unwrap());
+        drop(leases.pop());
+        assert_eq!(queued(&locker).0, 98, "released and dropped leases left");
+        leases.clear();
+        assert_eq!(queued(&locker).0, 0);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert!(
+            locker.renewer.engine.lock().task.is_none(),
+            "the engine's task ended"
+        );
+    }
+}
