@@ -130,8 +130,8 @@ impl EtcdConfig {
     /// `session_ttl` (seconds), `timeout_ms` (request timeout), `connect_timeout_ms`. With the
     /// `tls` feature, `etcds://` turns TLS on and takes `ca` (path of a PEM CA file,
     /// required), `domain`, and `cert` + `key` (paths of the client certificate and key, PEM)
-    /// for servers that authenticate clients. User and password may be percent-encoded. Errors never repeat
-    /// the password.
+    /// for servers that authenticate clients. User and password may be percent-encoded. Errors
+    /// never repeat the password.
     pub fn from_url(url: &str) -> Result<Self, Error> {
         leasehold_core::redaction::refuse_unencoded_userinfo(NAME, url)?;
         let (scheme, rest) = url
@@ -160,43 +160,12 @@ impl EtcdConfig {
             Some((u, h)) => (Some(u), h),
             None => (None, authority),
         };
-        let endpoints: Vec<String> = hosts
-            .split(',')
-            .map(str::trim)
-            .filter(|h| !h.is_empty())
-            .map(str::to_owned)
-            .collect();
-        if endpoints.is_empty() {
-            return Err(invalid("an etcd URL needs at least one host:port"));
-        }
-        for (i, e) in endpoints.iter().enumerate() {
-            if !e.contains(':') {
-                // Not quoted: a password holding `/ ? #` unencoded ends up here.
-                return Err(invalid(format!(
-                    "endpoint {} of {} has no port (etcd listens on 2379 by default; \
-                     percent-encode a password holding `/ ? # @`)",
-                    i + 1,
-                    endpoints.len()
-                )));
-            }
-        }
+        let endpoints = endpoints(hosts)?;
         let mut cfg = Self::new(endpoints);
         if let Some(userinfo) = userinfo {
-            let (user, password) = match userinfo.split_once(':') {
-                Some((u, p)) => (u, Some(p)),
-                None => (userinfo, None),
-            };
-            let user = percent_decode(user).ok_or_else(|| invalid("bad %-escape in the user"))?;
-            if user.is_empty() {
-                return Err(invalid("empty user name in the etcd URL"));
-            }
+            let (user, password) = credentials(userinfo)?;
             cfg.user = Some(user);
-            cfg.password = match password {
-                Some(p) => {
-                    Some(percent_decode(p).ok_or_else(|| invalid("bad %-escape in the password"))?)
-                }
-                None => Some(String::new()),
-            };
+            cfg.password = Some(password);
         }
         #[cfg(feature = "tls")]
         let mut tls_cfg = TlsConfig::default();
@@ -357,6 +326,48 @@ fn percent_decode(s: &str) -> Option<String> {
         .decode_utf8()
         .ok()
         .map(Into::into)
+}
+
+/// The `host:port` endpoints of an etcd URL's authority, each with a port.
+fn endpoints(hosts: &str) -> Result<Vec<String>, Error> {
+    let endpoints: Vec<String> = hosts
+        .split(',')
+        .map(str::trim)
+        .filter(|h| !h.is_empty())
+        .map(str::to_owned)
+        .collect();
+    if endpoints.is_empty() {
+        return Err(invalid("an etcd URL needs at least one host:port"));
+    }
+    for (i, e) in endpoints.iter().enumerate() {
+        if !e.contains(':') {
+            // Not quoted: a password holding `/ ? #` unencoded ends up here.
+            return Err(invalid(format!(
+                "endpoint {} of {} has no port (etcd listens on 2379 by default; \
+                 percent-encode a password holding `/ ? # @`)",
+                i + 1,
+                endpoints.len()
+            )));
+        }
+    }
+    Ok(endpoints)
+}
+
+/// User and password of an etcd URL's userinfo, percent-decoded (no password: empty).
+fn credentials(userinfo: &str) -> Result<(String, String), Error> {
+    let (user, password) = match userinfo.split_once(':') {
+        Some((u, p)) => (u, Some(p)),
+        None => (userinfo, None),
+    };
+    let user = percent_decode(user).ok_or_else(|| invalid("bad %-escape in the user"))?;
+    if user.is_empty() {
+        return Err(invalid("empty user name in the etcd URL"));
+    }
+    let password = match password {
+        Some(p) => percent_decode(p).ok_or_else(|| invalid("bad %-escape in the password"))?,
+        None => String::new(),
+    };
+    Ok((user, password))
 }
 
 /// Reads the PEM file an `etcds://` option (`ca`, `cert`, `key`) names.
