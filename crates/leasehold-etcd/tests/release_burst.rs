@@ -1,6 +1,8 @@
-//! Thousands of leases on one session released in one burst: etcd answers some of the
-//! deletes with `too many requests`, and every release still goes through. A binary of its
-//! own: the burst loads the shared member, which would slow other tests down.
+//! Thousands of leases on one session released in one burst against an overloaded member: the
+//! releases meet timeouts (the member is frozen for longer than the request timeout while they
+//! are sent) and, when it falls behind applying, `too many requests`; every release still goes
+//! through. A binary of its own: the burst loads the shared member, which would slow other
+//! tests down.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -12,7 +14,7 @@ use std::time::Duration;
 
 use leasehold_core::metrics::{RELEASE_RETRIES, RELEASES_GIVEN_UP};
 use leasehold_core::{Lease, Locker, settle};
-use leasehold_etcd::LeaseMode;
+use leasehold_etcd::{EtcdBackend, EtcdConfig, LeaseMode};
 use leasehold_test_support::metrics::{counters, record_here};
 use leasehold_test_support::require_service;
 use leasehold_test_support::services::{NodeAction, Service, node_ctl};
@@ -23,6 +25,13 @@ use tokio::time::Instant;
 
 /// Leases in the burst: enough that the member falls behind applying and refuses some.
 const LEASES: usize = 10_000;
+
+/// The backend's request timeout in this test, and how long the member is frozen while the
+/// releases are sent: longer, so every first attempt meets a transient fault (a timeout)
+/// whether or not the member, once resumed, also answers `too many requests`. An unloaded
+/// member applies 10,000 deletes without refusing any, so refusals alone prove nothing here.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(1);
+const FREEZE: Duration = Duration::from_millis(1_500);
 
 /// Runs `take` on every key `k0` … `k{LEASES - 1}` through `locker`, at most 1,024 requests in
 /// flight, and returns the leases it got.
@@ -78,7 +87,7 @@ async fn burst(locker: &Locker, snapshotter: &Snapshotter) -> Burst {
     for lease in leases {
         releases.spawn(async move { lease.release().await });
     }
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    tokio::time::sleep(FREEZE).await;
     node_ctl("etcd", NodeAction::Resume)
         .await
         .expect("resume etcd");
@@ -122,7 +131,12 @@ async fn a_burst_release_through_too_many_requests_leaves_no_lock_held() {
     let ep = require_service!(Service::Etcd);
     let (snapshotter, _local) = record_here();
     let prefix = common::prefix("release-burst");
-    let locker = common::locker(common::backend(&ep, &prefix, LeaseMode::Session).await);
+    let cfg = EtcdConfig::new(ep.urls().iter().cloned())
+        .with_prefix(&prefix)
+        .unwrap()
+        .with_session_ttl(common::SESSION_TTL)
+        .with_request_timeout(REQUEST_TIMEOUT);
+    let locker = common::locker(EtcdBackend::connect(cfg).await.unwrap());
     let raw = common::raw(&ep).await;
     let mut refused = false;
     for _ in 0..3 {
@@ -135,8 +149,9 @@ async fn a_burst_release_through_too_many_requests_leaves_no_lock_held() {
             "release calls failed for good: {:?}",
             b.failed
         );
-        assert!(b.failed.len() < LEASES, "every call failed");
-        assert!(b.gone < LEASES / 2, "{} releases found nothing", b.gone);
+        // `gone` is not bounded: a retry after a timeout finds the key its first attempt
+        // deleted once the member resumed. The session outlives the freeze (TTL 5 s, kept
+        // alive), so no key went with it.
         assert_eq!(b.given_up, 0);
         assert_eq!(common::count(&raw, &prefix).await.unwrap(), 0, "keys left");
         if b.retries > 0 {
@@ -146,7 +161,7 @@ async fn a_burst_release_through_too_many_requests_leaves_no_lock_held() {
     }
     assert!(
         refused,
-        "the member never refused a release: the burst tested nothing"
+        "no release met a transient fault: the burst tested nothing"
     );
 
     // A new session (its own connection) takes every key without waiting.
