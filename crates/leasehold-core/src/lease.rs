@@ -99,6 +99,11 @@ impl Renewable for Inner {
     fn key(&self) -> &LockKey {
         &self.key
     }
+
+    fn release_again(self: Arc<Self>) {
+        let horizon = self.horizon(Instant::now());
+        background_release(self, horizon, false);
+    }
 }
 
 /// A held lock: the guard returned by [`Locker`](crate::Locker).

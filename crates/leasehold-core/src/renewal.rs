@@ -53,6 +53,10 @@ pub(crate) trait Renewable: Send + Sync {
     fn status(&self) -> &Shared;
     /// The key, for logs.
     fn key(&self) -> &LockKey;
+    /// A renewal answered after the holder had let the lease go: it may have armed the grant
+    /// again (a Redlock extend sets a missing key again), so the grant is released again, in
+    /// the background.
+    fn release_again(self: Arc<Self>);
 }
 
 /// The renewal engine of one [`Locker`](crate::Locker) and its clones.
@@ -353,7 +357,12 @@ fn settle(
     let status = lease.status();
     match outcome {
         Ok(Some(v)) => {
-            if status.renew(v).is_err() {
+            if let Err(reason) = status.renew(v) {
+                // The batch was sent before the lease was released or dropped, and its answer
+                // came after: the grant it re-armed must not outlive the release.
+                if matches!(reason, LossReason::Released) {
+                    Arc::clone(&m.lease).release_again();
+                }
                 return Next::Done;
             }
             tracing::trace!(key = %lease.key(), backend, "leasehold.renew");
