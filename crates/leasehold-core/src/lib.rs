@@ -125,13 +125,16 @@ mod release;
 mod renewal;
 mod signal;
 mod token;
+pub mod transport;
 mod validity;
 
 pub use backend::{
     ExtendRequest, Grant, GrantState, Held, HolderInfo, LockBackend, LockBackendExt, LockRequest,
     Waited,
 };
-pub use caps::{Capabilities, DEFAULT_MAX_TTL, FencingKind, RenewalKind, SafetyClass, WaitKind};
+pub use caps::{
+    Capabilities, CrashRelease, DEFAULT_MAX_TTL, FencingKind, RenewalKind, SafetyClass, WaitKind,
+};
 pub use detach::settle;
 pub use error::{Error, ErrorKind, NodeError};
 pub use fence::{Admission, FenceStore, MemoryFenceStore};
