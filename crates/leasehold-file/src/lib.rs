@@ -469,6 +469,7 @@ impl LockBackend for FileBackend {
             .with_wait(WaitKind::Poll)
             .with_renewal(RenewalKind::Session)
             .with_ttl_range(self.inner.config.check_interval * 2, DEFAULT_MAX_TTL)
+            .with_crash_release(leasehold_core::CrashRelease::ProcessExit)
     }
 
     async fn try_lock(&self, req: LockRequest<'_>) -> Result<Option<Grant>, Error> {
