@@ -211,7 +211,7 @@ impl Node {
             .map(|n| n == 1)
     }
 
-    /// Compare-and-pexpire; with `reset`, sets the key again if it is missing.
+    /// Compare-and-pexpire (`reset` is passed to the script, which ignores it now).
     pub(crate) async fn extend(
         &self,
         names: &Names,
