@@ -143,7 +143,7 @@ pub use lease::{Lease, LeaseInfo};
 pub use locker::Locker;
 pub use loss::LossReason;
 pub use memory::MemoryBackend;
-pub use policy::{Backoff, Drift, LockOptions, Renewal};
+pub use policy::{Backoff, Drift, LockOptions, MIN_RENEWAL_SLACK, Renewal};
 pub use redaction::{Redacted, redact};
 pub use release::{Horizon, RELEASE_BUDGET, release_in_background, retry_release};
 pub use renewal::{MAX_BATCH, extend_each};
