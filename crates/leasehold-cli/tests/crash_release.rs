@@ -3,6 +3,8 @@
 //! its 10 s session lease), and not much earlier (the TTL is honoured) — on etcd and Redis;
 //! `status` states the bound.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::path::Path;

@@ -75,8 +75,7 @@ async fn a_password_over_plain_grpc_to_a_remote_endpoint_warns_or_is_refused() {
     let logs = leasehold_test_support::logs::capture();
     let err = EtcdBackend::connect(EtcdConfig::from_url(url).unwrap())
         .await
-        .err()
-        .expect("connected to TEST-NET-1");
+        .expect_err("connected to TEST-NET-1");
     assert_ne!(err.kind(), ErrorKind::InvalidConfig, "{err}");
     let text = logs.text();
     assert!(
@@ -88,8 +87,7 @@ async fn a_password_over_plain_grpc_to_a_remote_endpoint_warns_or_is_refused() {
     let refused = format!("{url}&allow_plaintext_password=false");
     let err = EtcdBackend::connect(EtcdConfig::from_url(&refused).unwrap())
         .await
-        .err()
-        .expect("connected to TEST-NET-1");
+        .expect_err("connected to TEST-NET-1");
     assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{err}");
     assert!(
         err.to_string().contains("allow_plaintext_password"),
@@ -105,8 +103,7 @@ async fn a_password_over_plain_grpc_to_a_remote_endpoint_warns_or_is_refused() {
     ] {
         let err = EtcdBackend::connect(EtcdConfig::from_url(quiet).unwrap())
             .await
-            .err()
-            .expect("nothing listens there");
+            .expect_err("nothing listens there");
         assert_ne!(err.kind(), ErrorKind::InvalidConfig, "{quiet}: {err}");
     }
     assert!(!logs.text().contains("in clear"), "{}", logs.text());

@@ -22,9 +22,15 @@ fn a_redis_password_in_clear_to_a_remote_host_warns_or_is_refused() {
     RedisConfig::from_url("redis://app:hunter2@10.1.2.3:6379/0").unwrap();
     RedlockConfig::from_url("redlock://:hunter2@127.0.0.1:1,127.0.0.1:2,192.0.2.7:3").unwrap();
     let text = logs.text();
-    assert!(text.contains("in clear") && text.contains("10.1.2.3"), "{text}");
+    assert!(
+        text.contains("in clear") && text.contains("10.1.2.3"),
+        "{text}"
+    );
     assert!(text.contains("192.0.2.7"), "Redlock warns per node: {text}");
-    assert!(!text.contains("127.0.0.1"), "loopback nodes are fine: {text}");
+    assert!(
+        !text.contains("127.0.0.1"),
+        "loopback nodes are fine: {text}"
+    );
     assert!(!text.contains("hunter2"), "{text}");
 
     for url in [
