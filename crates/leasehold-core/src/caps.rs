@@ -111,11 +111,16 @@ pub struct Capabilities {
     pub min_ttl: Duration,
     /// The longest TTL the backend accepts.
     pub max_ttl: Duration,
+    /// Whether [`LockBackend::semaphore`](crate::LockBackend::semaphore) gives permit views.
+    pub semaphores: bool,
+    /// Whether [`LockBackend::election`](crate::LockBackend::election) gives election views.
+    pub elections: bool,
 }
 
 impl Capabilities {
     /// Capabilities of the backend `name` with the given safety and fencing, polling for
-    /// waits, TTL renewal by `extend`, and TTLs from 1 ms to [`DEFAULT_MAX_TTL`].
+    /// waits, TTL renewal by `extend`, TTLs from 1 ms to [`DEFAULT_MAX_TTL`], and neither
+    /// semaphores nor elections.
     pub const fn new(name: &'static str, safety: SafetyClass, fencing: FencingKind) -> Self {
         Self {
             name,
@@ -125,7 +130,21 @@ impl Capabilities {
             renewal: RenewalKind::Extend,
             min_ttl: Duration::from_millis(1),
             max_ttl: DEFAULT_MAX_TTL,
+            semaphores: false,
+            elections: false,
         }
+    }
+
+    /// Says the backend gives semaphores.
+    pub const fn with_semaphores(mut self) -> Self {
+        self.semaphores = true;
+        self
+    }
+
+    /// Says the backend gives leader elections.
+    pub const fn with_elections(mut self) -> Self {
+        self.elections = true;
+        self
     }
 
     /// Sets the name (a wrapper that reports under a name of its own).

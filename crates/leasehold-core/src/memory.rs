@@ -136,6 +136,8 @@ impl Drop for WaiterGuard<'_> {
 
 #[async_trait]
 impl LockBackend for MemoryBackend {
+    crate::refuse_primitives!("not built yet");
+
     fn capabilities(&self) -> Capabilities {
         Capabilities::new(NAME, SafetyClass::Process, FencingKind::Monotonic)
             .with_wait(WaitKind::Native)
@@ -318,6 +320,8 @@ mod tests {
         }
         #[async_trait]
         impl LockBackend for Watching {
+            crate::refuse_primitives!("a test backend");
+
             fn capabilities(&self) -> Capabilities {
                 self.inner.capabilities().with_name("watching")
             }

@@ -127,9 +127,10 @@ impl EtcdBackend {
         s.as_ref().filter(|s| !s.is_lost()).map(|s| s.id())
     }
 
-    /// The etcd key prefix under which `key`'s waiters live: `<prefix><key>/`.
+    /// The etcd key prefix under which `key`'s waiters live: `<prefix><escaped key>/` (the
+    /// crate docs' key mapping says how a key is escaped).
     pub fn lock_prefix(&self, key: &LockKey) -> String {
-        format!("{}{}/", self.inner.config.prefix, key.as_str())
+        crate::lock_prefix(&self.inner.config.prefix, key)
     }
 
     /// Deletes whatever key holds the owner value of an acquisition whose outcome the caller
@@ -207,6 +208,8 @@ impl EtcdBackend {
 
 #[async_trait]
 impl LockBackend for EtcdBackend {
+    leasehold_core::refuse_primitives!("not built yet");
+
     fn capabilities(&self) -> Capabilities {
         CAPABILITIES
     }

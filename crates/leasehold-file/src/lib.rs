@@ -464,6 +464,8 @@ fn write_owner(file: &mut File, owner: &Owner) -> io::Result<()> {
 
 #[async_trait]
 impl LockBackend for FileBackend {
+    leasehold_core::refuse_primitives!("not built yet");
+
     fn capabilities(&self) -> Capabilities {
         Capabilities::new(NAME, SafetyClass::Host, FencingKind::Monotonic)
             .with_wait(WaitKind::Poll)

@@ -338,6 +338,8 @@ fn internal(msg: &str) -> Error {
 
 #[async_trait]
 impl LockBackend for PostgresBackend {
+    leasehold_core::refuse_primitives!("not built yet");
+
     fn capabilities(&self) -> Capabilities {
         Capabilities::new(NAME, SafetyClass::Correctness, FencingKind::Monotonic)
             .with_wait(WaitKind::Native)
