@@ -130,8 +130,8 @@ mod token;
 mod validity;
 
 pub use backend::{
-    ExtendRequest, Grant, GrantState, Held, HolderInfo, LockBackend, LockBackendExt, LockRequest,
-    Waited,
+    ExtendRequest, Extended, Grant, GrantState, Held, HolderInfo, LockBackend, LockBackendExt,
+    LockRequest, Waited,
 };
 pub use caps::{Capabilities, DEFAULT_MAX_TTL, FencingKind, RenewalKind, SafetyClass, WaitKind};
 pub use detach::settle;
