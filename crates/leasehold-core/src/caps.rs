@@ -166,12 +166,17 @@ pub struct Capabilities {
     /// How long a lock outlives a crashed holder (see
     /// [`crash_release_bound`](Self::crash_release_bound)).
     pub crash_release: CrashRelease,
+    /// Whether [`LockBackend::semaphore`](crate::LockBackend::semaphore) gives permit views.
+    pub semaphores: bool,
+    /// Whether [`LockBackend::election`](crate::LockBackend::election) gives election views.
+    pub elections: bool,
 }
 
 impl Capabilities {
     /// Capabilities of the backend `name` with the given safety and fencing, polling for
-    /// waits, TTL renewal by `extend`, TTLs from 1 ms to [`DEFAULT_MAX_TTL`], and a crashed
-    /// holder's lock freed within the TTL ([`CrashRelease::Ttl`]).
+    /// waits, TTL renewal by `extend`, TTLs from 1 ms to [`DEFAULT_MAX_TTL`], a crashed
+    /// holder's lock freed within the TTL ([`CrashRelease::Ttl`]), and neither semaphores nor
+    /// elections.
     pub const fn new(name: &'static str, safety: SafetyClass, fencing: FencingKind) -> Self {
         Self {
             name,
@@ -182,6 +187,8 @@ impl Capabilities {
             min_ttl: Duration::from_millis(1),
             max_ttl: DEFAULT_MAX_TTL,
             crash_release: CrashRelease::Ttl,
+            semaphores: false,
+            elections: false,
         }
     }
 
@@ -195,6 +202,18 @@ impl Capabilities {
     /// server delays aside); `None` when it is freed as the holder's process ends.
     pub fn crash_release_bound(&self, ttl: Duration) -> Option<Duration> {
         self.crash_release.bound(ttl)
+    }
+
+    /// Says the backend gives semaphores.
+    pub const fn with_semaphores(mut self) -> Self {
+        self.semaphores = true;
+        self
+    }
+
+    /// Says the backend gives leader elections.
+    pub const fn with_elections(mut self) -> Self {
+        self.elections = true;
+        self
     }
 
     /// Sets the name (a wrapper that reports under a name of its own).

@@ -30,14 +30,13 @@ use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
 use crate::backend::LockBackendExt as _;
-use crate::backend::{ExtendRequest, Held, LockBackend};
+use crate::backend::{ExtendRequest, Extended, Held, LockBackend};
 use crate::error::{Error, ErrorKind};
 use crate::key::LockKey;
 use crate::loss::LossReason;
 use crate::metrics;
 use crate::policy::Renewal;
 use crate::signal::Shared;
-use crate::validity::Validity;
 
 /// The most leases handed to the backend in one [`LockBackend::extend_many`] call; the backend
 /// splits them further as its protocol needs (the Redis backends send scripts of at most a few
@@ -373,19 +372,14 @@ fn batch_error(
     backend: &'static str,
     kind: ErrorKind,
     msg: &str,
-) -> Vec<Result<Option<Validity>, Error>> {
+) -> Vec<Extended> {
     reqs.iter()
         .map(|_| Err(Error::new(kind, backend, msg.to_owned())))
         .collect()
 }
 
 /// Applies one lease's outcome: its next renewal, or the end of its renewals.
-fn settle(
-    m: &Member,
-    outcome: Result<Option<Validity>, Error>,
-    started: Instant,
-    backend: &'static str,
-) -> Next {
+fn settle(m: &Member, outcome: Extended, started: Instant, backend: &'static str) -> Next {
     let lease = &m.lease;
     let status = lease.status();
     match outcome {
@@ -439,7 +433,7 @@ fn settle(
 pub async fn extend_each<B: LockBackend + ?Sized>(
     backend: &B,
     reqs: &[ExtendRequest<'_>],
-) -> Vec<Result<Option<Validity>, Error>> {
+) -> Vec<Extended> {
     let mut out = Vec::with_capacity(reqs.len());
     for req in reqs {
         out.push(backend.extend(*req).await);

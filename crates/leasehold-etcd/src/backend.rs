@@ -154,9 +154,10 @@ impl EtcdBackend {
         self.inner.live_session(ttl).await.map(|s| s.id())
     }
 
-    /// The etcd key prefix under which `key`'s waiters live: `<prefix><key>/`.
+    /// The etcd key prefix under which `key`'s waiters live: `<prefix><escaped key>/` (the
+    /// crate docs' key mapping says how a key is escaped).
     pub fn lock_prefix(&self, key: &LockKey) -> String {
-        format!("{}{}/", self.inner.config.prefix, key.as_str())
+        crate::lock_prefix(&self.inner.config.prefix, key)
     }
 
     /// Deletes whatever key holds the owner value of an acquisition whose outcome the caller
@@ -228,6 +229,8 @@ impl EtcdBackend {
 
 #[async_trait]
 impl LockBackend for EtcdBackend {
+    leasehold_core::refuse_primitives!("not built yet");
+
     fn capabilities(&self) -> Capabilities {
         CAPABILITIES
     }
@@ -312,7 +315,7 @@ impl LockBackend for EtcdBackend {
     async fn extend_many(
         &self,
         reqs: &[leasehold_core::ExtendRequest<'_>],
-    ) -> Vec<Result<Option<leasehold_core::Validity>, leasehold_core::Error>> {
+    ) -> Vec<leasehold_core::Extended> {
         leasehold_core::extend_each(self, reqs).await
     }
 

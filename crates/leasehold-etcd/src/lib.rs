@@ -63,7 +63,11 @@
 //! # Key mapping
 //!
 //! Lock `K` with prefix `P` (default `"leasehold/"`, see [`EtcdConfig::prefix`]) is the etcd key
-//! range `P K /` — every key starting with `"{P}{K}/"`. Each contender puts one key
+//! range `P K /` — every key starting with `"{P}{K}/"`, where `K` is the key with `%` written
+//! `%25` and `/` written `%2F` (nothing else changes), so that the ranges of two locks never
+//! contain each other: a holder of `a/b` does not make `a` look held. Semaphores and elections
+//! have namespaces of their own under the prefix (`%sem/`, `%elect/`), which no escaped key can
+//! produce. Each contender puts one key
 //! `"{P}{K}/{lease}"`, where `{lease}` is its etcd lease id in lower-case hex without padding,
 //! attached to that lease; the key with the **lowest create revision** under the range holds
 //! the lock and the others wait for their predecessor's deletion. This is exactly the layout
@@ -71,13 +75,13 @@
 //! exclude each other with this backend:
 //!
 //! ```text
-//! ETCDCTL_API=3 etcdctl --endpoints 127.0.0.1:2379 lock leasehold/billing/export
+//! ETCDCTL_API=3 etcdctl --endpoints 127.0.0.1:2379 lock leasehold/billing%2Fexport
 //! ```
 //!
 //! holds our lock `billing/export` (prefix `leasehold/`) until you stop it, and queues behind
 //! us while we hold it. Our keys' value is the acquisition's owner value (40 hex digits);
 //! `etcdctl lock` writes an empty value. To see who holds a lock:
-//! `etcdctl get --prefix leasehold/billing/export/ --sort-by=CREATE --order=ASCEND --limit=1`.
+//! `etcdctl get --prefix leasehold/billing%2Fexport/ --sort-by=CREATE --order=ASCEND --limit=1`.
 //!
 //! `try_acquire` creates its key only if the range is empty (a transaction comparing the range's
 //! create revision to 0), so it never queues: a lock with waiters counts as held.
@@ -141,12 +145,14 @@ mod client;
 mod config;
 mod error;
 mod job;
+mod names;
 mod session;
 
 pub use backend::EtcdBackend;
 #[cfg(feature = "tls")]
 pub use config::TlsConfig;
 pub use config::{DEFAULT_PREFIX, EtcdConfig, LeaseMode, SCHEMES};
+pub use names::{election_name, lock_prefix, semaphore_prefix};
 
 use leasehold_core::Error;
 use leasehold_core::driver::{Driver, Opening, Target, connecting};

@@ -340,6 +340,8 @@ fn internal(msg: &str) -> Error {
 
 #[async_trait]
 impl LockBackend for PostgresBackend {
+    leasehold_core::refuse_primitives!("not built yet");
+
     fn capabilities(&self) -> Capabilities {
         Capabilities::new(NAME, SafetyClass::Correctness, FencingKind::Monotonic)
             .with_wait(WaitKind::Native)
@@ -443,7 +445,7 @@ impl LockBackend for PostgresBackend {
     async fn extend_many(
         &self,
         reqs: &[leasehold_core::ExtendRequest<'_>],
-    ) -> Vec<Result<Option<leasehold_core::Validity>, leasehold_core::Error>> {
+    ) -> Vec<leasehold_core::Extended> {
         leasehold_core::extend_each(self, reqs).await
     }
 

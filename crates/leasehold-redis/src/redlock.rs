@@ -429,6 +429,10 @@ async fn give_back(node: &Node, names: &Names, owner: &Owner, bound: Duration) {
 
 #[async_trait]
 impl LockBackend for RedlockBackend {
+    leasehold_core::refuse_primitives!(
+        "a majority of independent nodes keeps no count (A and B on one node, B and C on another, A and C on a third) and mints no term"
+    );
+
     fn capabilities(&self) -> Capabilities {
         CAPABILITIES
     }

@@ -349,6 +349,8 @@ impl Drop for Subscription {
 
 #[async_trait]
 impl LockBackend for RedisBackend {
+    leasehold_core::refuse_primitives!("not built yet");
+
     fn capabilities(&self) -> Capabilities {
         CAPABILITIES
     }
