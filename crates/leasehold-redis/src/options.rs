@@ -19,6 +19,7 @@ pub(crate) const REDIS_OPTIONS: &[&str] = &[
     RESPONSE_TIMEOUT_MS,
     WAIT_INITIAL_MS,
     WAIT_MAX_MS,
+    FENCE_TTL_MS,
 ];
 
 /// Options of `redlock://` URLs.
@@ -39,6 +40,7 @@ pub(crate) const WAIT_INITIAL_MS: &str = "wait_initial_ms";
 pub(crate) const WAIT_MAX_MS: &str = "wait_max_ms";
 pub(crate) const NODE_TIMEOUT_MS: &str = "node_timeout_ms";
 pub(crate) const MIN_VALIDITY_MS: &str = "min_validity_ms";
+pub(crate) const FENCE_TTL_MS: &str = "fence_ttl_ms";
 
 /// The options taken out of one URL, percent-decoded.
 pub(crate) struct UrlOptions {
