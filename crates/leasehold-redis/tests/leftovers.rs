@@ -54,7 +54,7 @@ async fn a_released_lock_leaves_its_fence_counter_alone_and_for_ever() {
         assert!(lease.release().await.unwrap());
     }
     let fence = format!("{prefix}{{k}}:fence");
-    assert_eq!(keys(&mut conn, &prefix).await, [fence.clone()]);
+    assert_eq!(keys(&mut conn, &prefix).await, std::slice::from_ref(&fence));
     assert_eq!(pttl(&mut conn, &fence).await, -1, "no expiry by default");
 }
 
