@@ -17,8 +17,8 @@
 //!   restarts and crashes, and is never reset by the backend.
 //! - While a lease is held, a check runs every `check_interval` (default 1 s): if the lock file
 //!   was deleted or replaced, the lease's lost signal fires.
-//! - Lock files are never deleted (deleting one while others wait on it is how two holders
-//!   happen).
+//! - The backend never deletes a file by itself; [`FileBackend::prune`] deletes lock files
+//!   nobody holds, when asked (see [below](#what-keys-leave-behind)).
 //!
 //! # Key mapping
 //!
@@ -74,6 +74,18 @@
 //! can hold a lock forever, delete a lock file (two holders can follow) or rewrite a fence
 //! counter (tokens go backwards). Share a folder only with users you would let hold your locks.
 //!
+//! # What keys leave behind
+//!
+//! Every key ever locked leaves its two small files: keys must come from a **bounded set**
+//! (job names, not request ids), or the folder grows without end (`leasehold-bench perf`
+//! measures the files and bytes of one key). [`FileBackend::prune`] (or
+//! [`prune_key`](FileBackend::prune_key)) deletes the `.lock` files nobody holds: it locks each
+//! (`LOCK_EX|LOCK_NB`, skipping held ones), checks that the path still names the file it locked,
+//! and unlinks it while holding the lock; an acquirer that opened the old file makes the same
+//! check after locking and opens the path again, so no two holders follow. `.fence` files are
+//! **kept**: deleting one restarts the key's tokens at 1. Do not prune a folder in which
+//! `flock(1)` or another tool that skips that check takes locks.
+//!
 //! # What it does not guarantee
 //!
 //! - Mutual exclusion holds on **one host** only ([`SafetyClass::Host`]); on a network file
@@ -100,6 +112,7 @@
 #![cfg(unix)]
 
 mod folder;
+mod prune;
 
 use std::fs::{self, File, TryLockError};
 use std::io::{self, Seek, Write};
@@ -121,6 +134,7 @@ use sha2::{Digest, Sha256};
 use tokio::time::Instant;
 
 use folder::Sharing;
+pub use prune::Pruned;
 
 /// The backend's name.
 pub const NAME: &str = "file";
@@ -351,6 +365,28 @@ impl FileBackend {
             .join(format!("{}.fence", file_name(key)))
     }
 
+    /// Deletes the lock files in the folder that nobody holds, keeping every fence file (see
+    /// "What keys leave behind" in the [crate docs](crate)). Safe while leasehold processes
+    /// lock in the folder; not while `flock(1)` or another tool that does not check the path
+    /// after locking does.
+    pub async fn prune(&self) -> Result<Pruned, Error> {
+        let (dir, sharing) = (self.inner.config.dir.clone(), self.inner.config.sharing);
+        blocking(move || {
+            prune::prune_dir(&dir, sharing).map_err(|e| io_error("cannot prune", &dir, &e))
+        })
+        .await
+    }
+
+    /// [`prune`](Self::prune) for one key: `true` if its lock file was deleted, `false` if it
+    /// is held (or was not there).
+    pub async fn prune_key(&self, key: &LockKey) -> Result<bool, Error> {
+        let (lock, sharing) = (self.lock_path(key), self.inner.config.sharing);
+        blocking(move || {
+            prune::prune_one(&lock, sharing).map_err(|e| io_error("cannot prune", &lock, &e))
+        })
+        .await
+    }
+
     /// How many grants of this backend are held right now, counting acquisitions still taking
     /// their file lock (an abandoned one lets go as soon as its blocking call returns).
     pub fn held_count(&self) -> usize {
@@ -387,6 +423,15 @@ impl FileBackend {
             }
         }));
     }
+}
+
+/// Runs blocking file work on Tokio's blocking pool.
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, Error> + Send + 'static,
+) -> Result<T, Error> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| Error::new(ErrorKind::Backend, NAME, format!("file task failed: {e}")))?
 }
 
 /// The bytes a file name keeps as they are: `[A-Za-z0-9._-]` (`~` is escaped: it separates

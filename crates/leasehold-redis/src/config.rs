@@ -8,20 +8,22 @@ use redis::{ConnectionInfo, IntoConnectionInfo, ProtocolVersion};
 
 use crate::keys::{DEFAULT_PREFIX, check_prefix};
 use crate::options::{
-    ALLOW_PLAINTEXT_PASSWORD, CA, CONNECT_TIMEOUT_MS, FAIR_QUEUE_MS, MIN_VALIDITY_MS,
+    ALLOW_PLAINTEXT_PASSWORD, CA, CONNECT_TIMEOUT_MS, FAIR_QUEUE_MS, FENCE_TTL_MS, MIN_VALIDITY_MS,
     NODE_TIMEOUT_MS, PREFIX, REDIS_OPTIONS, REDLOCK_OPTIONS, RESPONSE_TIMEOUT_MS, UrlOptions,
     WAIT_INITIAL_MS, WAIT_MAX_MS,
 };
 
 /// Every URL scheme of this driver: [`RedisBackend`](crate::RedisBackend) on one server
 /// (`redis`, `rediss` for TLS, `redis+unix`, `unix`) or on a Redis Cluster given its seed nodes
-/// (`redis-cluster://[user:password@]host:port,host:port,…`), and [`REDLOCK_SCHEMES`].
+/// (`redis-cluster://[user:password@]host:port,host:port,…`, `rediss-cluster://…` over TLS),
+/// and [`REDLOCK_SCHEMES`].
 pub const SCHEMES: &[&str] = &[
     "redis",
     "rediss",
     "redis+unix",
     "unix",
     "redis-cluster",
+    "rediss-cluster",
     "redlock",
 ];
 
@@ -202,6 +204,12 @@ fn split_hosts(backend: &'static str, url: &str, scheme: &str) -> Result<Vec<Str
             format!("{}: expected a URL starting with {scheme}", redact(url)),
         )
     })?;
+    // The seeds of `rediss-cluster://` speak TLS.
+    let seed = if scheme.starts_with("rediss") {
+        "rediss"
+    } else {
+        "redis"
+    };
     let hosts_end = rest.find(['/', '?']).unwrap_or(rest.len());
     let (authority, tail) = rest.split_at(hosts_end);
     let (userinfo, hosts) = match authority.rfind('@') {
@@ -211,7 +219,7 @@ fn split_hosts(backend: &'static str, url: &str, scheme: &str) -> Result<Vec<Str
     let urls: Vec<String> = hosts
         .split(',')
         .filter(|h| !h.is_empty())
-        .map(|h| format!("redis://{userinfo}{h}{tail}"))
+        .map(|h| format!("{seed}://{userinfo}{h}{tail}"))
         .collect();
     if urls.is_empty() {
         return Err(invalid(backend, format!("{}: no host given", redact(url))));
@@ -225,6 +233,7 @@ pub struct RedisConfig {
     pub(crate) deployment: Deployment,
     pub(crate) tls_ca: Option<Vec<u8>>,
     pub(crate) fair: Option<Duration>,
+    pub(crate) fence_ttl: Option<Duration>,
     pub(crate) prefix: String,
     pub(crate) connect_timeout: Duration,
     pub(crate) response_timeout: Duration,
@@ -237,6 +246,7 @@ impl fmt::Debug for RedisConfig {
             .field("url", &self.deployment.redacted())
             .field("tls_ca", &self.tls_ca.as_ref().map(|_| "<PEM>"))
             .field("fair_queue_grace", &self.fair)
+            .field("fence_ttl", &self.fence_ttl)
             .field("prefix", &self.prefix)
             .field("connect_timeout", &self.connect_timeout)
             .field("response_timeout", &self.response_timeout)
@@ -248,7 +258,7 @@ impl fmt::Debug for RedisConfig {
 impl RedisConfig {
     /// From a `redis://[user:password@]host[:port][/db]` (or `redis+unix:///path`) URL, or a
     /// `redis-cluster://[user:password@]host:port,host:port,…` URL of a Redis Cluster's seed
-    /// nodes, with the default prefix `leasehold:`, a 1 s connect timeout and a 1 s response
+    /// nodes (`rediss-cluster://…` over TLS), with the default prefix `leasehold:`, a 1 s connect timeout and a 1 s response
     /// timeout.
     ///
     /// leasehold's own query options (the other query options are redis-rs's):
@@ -261,11 +271,15 @@ impl RedisConfig {
     /// | `connect_timeout_ms=N`, `response_timeout_ms=N` | [`with_timeouts`](Self::with_timeouts) |
     /// | `wait_initial_ms=N`, `wait_max_ms=N` | [`with_wait_backoff`](Self::with_wait_backoff) |
     /// | `allow_plaintext_password=false` | refuse a password sent without TLS (`redis://`) to a server that is not loopback; by default that only logs a warning (see [`leasehold_core::transport`]) |
+    /// | `fence_ttl_ms=N` | [`with_fence_ttl`](Self::with_fence_ttl) |
     pub fn from_url(url: &str) -> Result<Self, Error> {
         let (url, options) = UrlOptions::take(REDIS, url, REDIS_OPTIONS)?;
         let url = url.as_str();
-        let deployment = if url.starts_with("redis-cluster://") {
-            let seeds = split_hosts(REDIS, url, "redis-cluster://")?
+        let cluster = ["redis-cluster://", "rediss-cluster://"]
+            .into_iter()
+            .find(|s| url.starts_with(s));
+        let deployment = if let Some(scheme) = cluster {
+            let seeds = split_hosts(REDIS, url, scheme)?
                 .iter()
                 .map(|u| Server::parse(REDIS, u))
                 .collect::<Result<Vec<_>, _>>()?;
@@ -286,6 +300,9 @@ impl RedisConfig {
         }
         if let Some(grace) = o.millis(FAIR_QUEUE_MS)? {
             self = self.with_fair_queue(grace)?;
+        }
+        if let Some(ttl) = o.millis(FENCE_TTL_MS)? {
+            self = self.with_fence_ttl(ttl)?;
         }
         let connect = o
             .millis(CONNECT_TIMEOUT_MS)?
@@ -330,6 +347,7 @@ impl RedisConfig {
             deployment,
             tls_ca: None,
             fair: None,
+            fence_ttl: None,
             prefix: DEFAULT_PREFIX.to_owned(),
             connect_timeout: Duration::from_secs(1),
             response_timeout: Duration::from_secs(1),
@@ -350,6 +368,24 @@ impl RedisConfig {
     /// roots). The server's certificate must name the host of the URL.
     pub fn with_tls_ca_file(mut self, path: impl AsRef<std::path::Path>) -> Result<Self, Error> {
         self.tls_ca = Some(read_ca(REDIS, path.as_ref())?);
+        Ok(self)
+    }
+
+    /// Opt-in: each key's fence counter expires `ttl` after the key's latest acquisition, so
+    /// that keys no longer used leave nothing behind (by default a counter is kept for ever;
+    /// see "What keys leave behind" in the [crate docs](crate)). A counter that starts again
+    /// starts at the server's clock in microseconds, so tokens still increase across the
+    /// expiry as long as the server's clock never steps back by more than `ttl`: choose it well
+    /// above any clock step (an hour or a day). Every client of the keys must use the option
+    /// (one without it restarts an expired counter at 1). At least 1 s.
+    pub fn with_fence_ttl(mut self, ttl: Duration) -> Result<Self, Error> {
+        if ttl < Duration::from_secs(1) {
+            return Err(invalid(
+                REDIS,
+                format!("fence counter expiry {ttl:?} is below the minimum of 1s"),
+            ));
+        }
+        self.fence_ttl = Some(ttl);
         Ok(self)
     }
 

@@ -22,6 +22,8 @@
 //!   URL's host. redis-rs's `#insecure` fragment turns verification off: for tests only.
 //! - `redis-cluster://[user:password@]host:port,host:port,…`: a Redis Cluster by its seed nodes
 //!   (or [`RedisConfig::cluster`]); each command goes to the master of its slot.
+//!   `rediss-cluster://…` is the same over TLS (the nodes' TLS ports, as `CLUSTER SLOTS`
+//!   tells a TLS client).
 //! - `redlock://[user:password@]host:port,host:port,…[/db]`: N ≥ 3 independent servers.
 //!
 //! | URL option | what | default |
@@ -31,6 +33,7 @@
 //! | `fair_queue_ms=GRACE` | [fair mode](#fair-mode) with this grace period (ms, at least 100); not for `redlock://` | off |
 //! | `connect_timeout_ms=N`, `response_timeout_ms=N` | connect and response timeouts; not for `redlock://` | 1000, 1000 |
 //! | `wait_initial_ms=N`, `wait_max_ms=N` | waiters' fallback backoff (they are woken by the release message first); not for `redlock://` | 50, 1000 |
+//! | `fence_ttl_ms=N` | fence counters expire N ms after their key's latest acquisition (see [what keys leave behind](#what-keys-leave-behind)); not for `redlock://` | kept for ever |
 //! | `node_timeout_ms=N` | `redlock://` only: bound on each request to one node | `ttl / 200`, within 5–50 |
 //! | `connect_timeout_ms=N` | `redlock://`: each node's connect timeout | 1000 |
 //! | `min_validity_ms=N` | `redlock://` only: validity an acquisition must have left | 1 |
@@ -51,16 +54,34 @@
 //! | Redis name | what |
 //! |---|---|
 //! | `leasehold:{jobs/nightly}` | the lock: a string holding the owner value, with a TTL |
-//! | `leasehold:{jobs/nightly}:fence` | the fencing counter (single node only; never deleted, so tokens don't restart while the server keeps its data) |
+//! | `leasehold:{jobs/nightly}:fence` | the fencing counter (single node only; never deleted unless `fence_ttl_ms` is set, so tokens don't restart while the server keeps its data) |
 //! | `leasehold:{jobs/nightly}:released` | the pub/sub channel the release script publishes on |
 //!
-//! The braces are a hash tag: on a Redis Cluster the three share one slot. Any client that sets
+//! The braces are a hash tag: on a Redis Cluster the three share one slot. A key beginning
+//! with `}` would leave that tag empty (Redis Cluster then hashes each name whole, and the lock
+//! and its counter would sit on different slots): such a key, e.g. `}x`, is named
+//! `leasehold:~{~}}x}` (tag `~`) and its counter `leasehold:~{~}}x}:fence`. Any client that sets
 //! the lock key with `SET` `NX` excludes leasehold, and the other way round:
 //!
 //! ```text
 //! redis-cli SET 'leasehold:{jobs/nightly}' by-hand NX PX 30000    # take it
 //! redis-cli EVAL "if redis.call('GET',KEYS[1])==ARGV[1] then return redis.call('DEL',KEYS[1]) end return 0" 1 'leasehold:{jobs/nightly}' by-hand   # give it back
 //! ```
+//!
+//! # What keys leave behind
+//!
+//! A released lock deletes its key, and the fair line's keys expire; the fence counter
+//! `<lock>:fence` stays: **keys must come from a bounded set** (job names, not request ids), or
+//! counters pile up without end (`leasehold-bench perf` measures the bytes one key leaves).
+//! Deleting a counter by hand restarts its tokens at 1: a token below ones already handed out.
+//! [`RedisConfig::with_fence_ttl`] (`fence_ttl_ms=N`) makes each counter expire N ms after its
+//! key's latest acquisition instead; a counter that starts again starts at the server's clock in
+//! microseconds, above every token the old counter gave (one key is never taken a million
+//! times a second), so tokens keep increasing, even past a holder that still writes, as long as
+//! the server's clock never steps back by more than N. Choose N well above any clock step you
+//! can imagine (an hour or a day), and set it on every client of the keys (one without it would
+//! restart an expired counter at 1). The token stays what it is on one server anyway: best
+//! effort, gone backwards if the server loses its data.
 //!
 //! # Fair mode
 //!

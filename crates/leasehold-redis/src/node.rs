@@ -122,22 +122,23 @@ impl Node {
             .map_err(|e| self.error(&e, "connect"))
     }
 
-    /// `SET lock owner NX PX ttl`, and with `fenced`, `INCR` of the fence counter in the same
-    /// script: one round trip either way.
+    /// `SET lock owner NX PX ttl`, and with a `fence`, the next token of the fence counter in
+    /// the same script: one round trip either way.
     pub(crate) async fn take(
         &self,
         names: &Names,
         owner: &Owner,
         ttl: Duration,
-        fenced: bool,
+        fence: Option<FenceExpiry>,
     ) -> Result<Taken, Error> {
         let ms = ttl_ms(ttl);
-        if fenced {
-            let mut cmd = evalsha(&ACQUIRE_FENCED, 2, 2);
+        if let Some(fence) = fence {
+            let mut cmd = evalsha(&ACQUIRE_FENCED, 2, 3);
             cmd.arg(names.lock())
                 .arg(names.fence())
                 .arg(owner.as_str())
-                .arg(ms);
+                .arg(ms)
+                .arg(fence.arg());
             let token: Option<u64> = self.eval(&ACQUIRE_FENCED, &cmd, "acquire").await?;
             Ok(token.map_or(Taken::Held, |t| Taken::Granted(Some(FencingToken::new(t)))))
         } else {
@@ -168,8 +169,9 @@ impl Node {
         ttl: Duration,
         enqueue: bool,
         grace: Duration,
+        fence: FenceExpiry,
     ) -> Result<Taken, Error> {
-        let mut cmd = evalsha(&ACQUIRE_FAIR, 4, 4);
+        let mut cmd = evalsha(&ACQUIRE_FAIR, 4, 5);
         cmd.arg(names.lock())
             .arg(names.fence())
             .arg(names.queue())
@@ -177,7 +179,8 @@ impl Node {
             .arg(owner.as_str())
             .arg(ttl_ms(ttl))
             .arg(if enqueue { "1" } else { "0" })
-            .arg(ttl_ms(grace));
+            .arg(ttl_ms(grace))
+            .arg(fence.arg());
         let token: Option<u64> = self.eval(&ACQUIRE_FAIR, &cmd, "acquire").await?;
         Ok(token.map_or(Taken::Held, |t| Taken::Granted(Some(FencingToken::new(t)))))
     }
@@ -412,6 +415,18 @@ pub(crate) fn redis_error(backend: &'static str, node: &str, e: &RedisError, op:
 }
 
 /// An `EVALSHA` of `script` with `keys` keys to follow, with room for them and `args` arguments.
+/// How long a fence counter lives: for ever (`None`), or this long after the latest
+/// acquisition of its key (`RedisConfig::with_fence_ttl`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct FenceExpiry(pub(crate) Option<Duration>);
+
+impl FenceExpiry {
+    /// The scripts' argument: milliseconds, `0` for none.
+    fn arg(self) -> u64 {
+        self.0.map_or(0, ttl_ms)
+    }
+}
+
 fn evalsha(script: &Script, keys: usize, args: usize) -> Cmd {
     let mut cmd = Cmd::with_capacity(3 + keys + args, 64 + 64 * (keys + args));
     cmd.arg("EVALSHA").arg(script.get_hash()).arg(keys);

@@ -365,7 +365,7 @@ impl RedlockBackend {
                 .map(|(i, (node, done))| {
                     let mut decision = decision.clone();
                     async move {
-                        let r = tokio::time::timeout(per_node, node.take(names, owner, ttl, false))
+                        let r = tokio::time::timeout(per_node, node.take(names, owner, ttl, None))
                             .await
                             .map(|r| r.map(|t| matches!(t, Taken::Granted(_))));
                         // From here on no SET of this round can reach the node after a later

@@ -17,7 +17,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::config::{Deployment, REDIS as NAME, RedisConfig, invalid};
-use crate::node::{Connector, Node, Taken, names};
+use crate::node::{Connector, FenceExpiry, Node, Taken, names};
 use crate::renew::extend_on;
 
 /// What single-node Redis guarantees and supports: a constant, as
@@ -188,17 +188,18 @@ impl RedisBackend {
     /// One attempt; in fair mode, `enqueue` joins the line (or refreshes our place in it).
     async fn attempt(&self, req: &LockRequest<'_>, enqueue: bool) -> Result<Option<Grant>, Error> {
         let names = names(&self.inner.config.prefix, req.key);
+        let fence = FenceExpiry(self.inner.config.fence_ttl);
         let taken = match self.inner.config.fair {
             Some(grace) => {
                 self.inner
                     .node
-                    .take_fair(&names, req.owner, req.ttl, enqueue, grace)
+                    .take_fair(&names, req.owner, req.ttl, enqueue, grace, fence)
                     .await?
             }
             None => {
                 self.inner
                     .node
-                    .take(&names, req.owner, req.ttl, true)
+                    .take(&names, req.owner, req.ttl, Some(fence))
                     .await?
             }
         };

@@ -20,11 +20,14 @@
 //! current-thread runtime of its own), and PostgreSQL with the bench and the server pinned to
 //! different CPUs, every figure a median of repeats (run last, in a phase of their own).
 //!
+//! A last table ([`leftovers`]) shows what keys leave behind after release (Redis, file).
+//!
 //! `--quick` runs everything with tiny counts and fails (exit status 1) on any error,
 //! leftover or nonsensical figure; it never judges timings.
 
 mod extras;
 mod groups;
+mod leftovers;
 pub(crate) mod model;
 mod output;
 mod pinned;
@@ -154,6 +157,10 @@ pub(crate) fn main(out: &Path, runtimes: &[&str], p: &Params) -> Result<(), BoxE
             md.push_str(&t.markdown());
             md.push('\n');
         }
+    }
+    if leftovers::chosen(p) {
+        md.push_str(&leftovers::markdown(p, out)?);
+        md.push('\n');
     }
     let (md_path, csv_path) = report::write(out, "perf", &md, &output::csv(&rows))?;
     let charts = output::charts(out, &rows, runtimes)?;

@@ -22,6 +22,13 @@ pub const ETCD_USER_VAR: &str = "LEASEHOLD_TEST_ETCD_USER";
 /// Name of the variable holding the password for [`Service::EtcdSecure`].
 pub const ETCD_PASSWORD_VAR: &str = "LEASEHOLD_TEST_ETCD_PASSWORD";
 
+/// Name of the variable holding the ACL user (with a password) of [`Service::Redis`], beside
+/// its default user without one.
+pub const REDIS_ACL_USER_VAR: &str = "LEASEHOLD_TEST_REDIS_ACL_USER";
+
+/// Name of the variable holding the password of [`REDIS_ACL_USER_VAR`].
+pub const REDIS_ACL_PASSWORD_VAR: &str = "LEASEHOLD_TEST_REDIS_ACL_PASSWORD";
+
 /// The root of the cargo workspace (two levels above this crate's manifest).
 pub fn workspace_root() -> PathBuf {
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -53,6 +60,8 @@ pub fn config() -> BTreeMap<String, String> {
         TLS_CA_VAR,
         ETCD_USER_VAR,
         ETCD_PASSWORD_VAR,
+        REDIS_ACL_USER_VAR,
+        REDIS_ACL_PASSWORD_VAR,
     ]);
     for key in keys {
         if let Some(value) = non_empty_var(key) {

@@ -15,7 +15,10 @@
 //! The TLS servers use a throwaway CA whose certificate is at [`tls_ca`]
 //! (`LEASEHOLD_TEST_TLS_CA`); their certificate names `127.0.0.1` (IP SAN)
 //! and `localhost`. The etcd member with auth takes the user and password in
-//! `LEASEHOLD_TEST_ETCD_USER` / `LEASEHOLD_TEST_ETCD_PASSWORD` (see [`var`]).
+//! `LEASEHOLD_TEST_ETCD_USER` / `LEASEHOLD_TEST_ETCD_PASSWORD` (see [`var`]); the plain
+//! Redis also knows an ACL user with a password, `LEASEHOLD_TEST_REDIS_ACL_USER` /
+//! `LEASEHOLD_TEST_REDIS_ACL_PASSWORD`, and the Redis Cluster's nodes also listen for TLS
+//! clients ([`Service::RedisClusterTls`]).
 //!
 //! # The policy: [`require`] and [`require_service!`](crate::require_service)
 //!
@@ -63,8 +66,9 @@ mod nodes;
 mod pg_socket;
 
 pub use env::{
-    ALLOW_SKIP_VAR, ETCD_PASSWORD_VAR, ETCD_USER_VAR, SERVICES_DIR_VAR, SERVICES_SCRIPT_VAR,
-    TLS_CA_VAR, config, env_file, is_ci, may_skip, tls_ca, var, workspace_root,
+    ALLOW_SKIP_VAR, ETCD_PASSWORD_VAR, ETCD_USER_VAR, REDIS_ACL_PASSWORD_VAR, REDIS_ACL_USER_VAR,
+    SERVICES_DIR_VAR, SERVICES_SCRIPT_VAR, TLS_CA_VAR, config, env_file, is_ci, may_skip, tls_ca,
+    var, workspace_root,
 };
 pub use kind::Service;
 pub use lookup::{Endpoints, PROBE_TIMEOUT, Unavailable, lookup, require};
