@@ -145,11 +145,11 @@ struct SafetyArgs {
     )]
     backends: Vec<String>,
     /// Which faults (comma-separated): pause, delay, restart, restart-delayed, clock-jump,
-    /// pg-terminate, member-kill, lease-revoke.
+    /// pg-terminate, member-kill, lease-revoke, partition (root only: network namespaces).
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "pause,delay,restart,restart-delayed,clock-jump,pg-terminate,member-kill,lease-revoke"
+        default_value = "pause,delay,restart,restart-delayed,clock-jump,pg-terminate,member-kill,lease-revoke,partition"
     )]
     faults: Vec<String>,
 }

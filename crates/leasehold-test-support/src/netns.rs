@@ -220,6 +220,7 @@ impl Net {
         let host = format!("{HOST}/24");
         ip(&["link", "add", &br, "type", "bridge"])?;
         ip(&["addr", "add", &host, "dev", &br])?;
+        ip(&["addr", "add", &format!("{PATH_HOST}/32"), "dev", &br])?;
         ip(&["link", "set", &br, "up"])?;
         for i in 1..=self.nodes {
             let ns = self.namespace(i);
@@ -289,13 +290,6 @@ impl Net {
             &format!("{alias}/32"),
             "dev",
             &dev,
-        ])?;
-        ip(&[
-            "addr",
-            "add",
-            &format!("{PATH_HOST}/32"),
-            "dev",
-            &self.bridge(),
         ])?;
         self.heal_path(node)?;
         Ok(alias)
@@ -461,8 +455,9 @@ impl Net {
         let dir = dir.to_string_lossy().into_owned();
         let argv = [
             "redis-server",
+            // Every address of the node's namespace (a second path's too), none elsewhere.
             "--bind",
-            &a,
+            "0.0.0.0",
             "--port",
             "6379",
             "--protected-mode",

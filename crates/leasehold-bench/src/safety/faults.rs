@@ -107,7 +107,16 @@ pub(super) async fn revoke(endpoints: &[String], key: &str) -> Result<(), BoxErr
 
 /// The node name of the etcd cluster's leader (endpoints in etcd-c1..3 order).
 pub(super) async fn etcd_leader(endpoints: &[String]) -> Result<&'static str, BoxError> {
-    for _ in 0..50 {
+    let i = etcd_leader_index(endpoints).await?;
+    ETCD_CLUSTER_NODES
+        .get(i)
+        .copied()
+        .ok_or_else(|| format!("leader #{i} is not one of {ETCD_CLUSTER_NODES:?}").into())
+}
+
+/// The index in `endpoints` of the member that leads (once one does and says so).
+pub(super) async fn etcd_leader_index(endpoints: &[String]) -> Result<usize, BoxError> {
+    for _ in 0..100 {
         let mut ids = Vec::new();
         let mut leader = None;
         for ep in endpoints {
@@ -127,9 +136,8 @@ pub(super) async fn etcd_leader(endpoints: &[String]) -> Result<&'static str, Bo
         }
         if let Some(l) = leader
             && let Some(i) = ids.iter().position(|id| *id == Some(l))
-            && let Some(name) = ETCD_CLUSTER_NODES.get(i)
         {
-            return Ok(name);
+            return Ok(i);
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
