@@ -151,13 +151,17 @@ mod node;
 mod options;
 mod redlock;
 mod renew;
+mod replica;
 mod scripts;
+mod sentinel;
 mod single;
 
 use leasehold_core::Error;
 use leasehold_core::driver::{Driver, Opening, Target, connecting, ready};
 
-pub use config::{REDLOCK_SCHEMES, RedisConfig, RedlockConfig, SCHEMES};
+pub use config::{
+    DEFAULT_REPLICA_SYNC_TIMEOUT, REDLOCK_SCHEMES, RedisConfig, RedlockConfig, SCHEMES,
+};
 pub use keys::DEFAULT_PREFIX;
 pub use redlock::RedlockBackend;
 pub use single::RedisBackend;

@@ -40,11 +40,15 @@ pub enum Service {
     /// (`LEASEHOLD_TEST_ETCD_SECURE_ENDPOINTS`, `host:port`; credentials in
     /// [`ETCD_USER_VAR`](super::ETCD_USER_VAR) / [`ETCD_PASSWORD_VAR`](super::ETCD_PASSWORD_VAR)).
     EtcdSecure,
+    /// Three Redis Sentinels watching a master and its two replicas as service `leasehold`
+    /// (`LEASEHOLD_TEST_REDIS_SENTINELS`, comma-separated `host:port` of the sentinels; the
+    /// `redis+sentinel://` URL of the service is in `LEASEHOLD_TEST_REDIS_SENTINEL_URL`).
+    RedisSentinel,
 }
 
 impl Service {
     /// Every service, in a fixed order.
-    pub const ALL: [Service; 10] = [
+    pub const ALL: [Service; 11] = [
         Service::Redis,
         Service::Redlock,
         Service::RedisCluster,
@@ -55,6 +59,7 @@ impl Service {
         Service::PgBouncer,
         Service::RedisTls,
         Service::EtcdSecure,
+        Service::RedisSentinel,
     ];
 
     /// The variable (in the env file or the process environment) that holds
@@ -71,6 +76,7 @@ impl Service {
             Service::PgBouncer => "LEASEHOLD_TEST_PGBOUNCER_URL",
             Service::RedisTls => "LEASEHOLD_TEST_REDIS_TLS_URL",
             Service::EtcdSecure => "LEASEHOLD_TEST_ETCD_SECURE_ENDPOINTS",
+            Service::RedisSentinel => "LEASEHOLD_TEST_REDIS_SENTINELS",
         }
     }
 
@@ -87,6 +93,7 @@ impl Service {
             Service::PgBouncer => "pgbouncer",
             Service::RedisTls => "redis-tls",
             Service::EtcdSecure => "etcd-secure",
+            Service::RedisSentinel => "redis-sentinel",
         }
     }
 
@@ -96,6 +103,7 @@ impl Service {
             Service::Postgres | Service::PostgresSocket => 5432,
             Service::PgBouncer => 6432,
             Service::Etcd | Service::EtcdCluster | Service::EtcdSecure => 2379,
+            Service::RedisSentinel => 26379,
         }
     }
 }
