@@ -145,11 +145,12 @@ struct SafetyArgs {
     )]
     backends: Vec<String>,
     /// Which faults (comma-separated): pause, delay, restart, restart-delayed, clock-jump,
-    /// pg-terminate, member-kill, lease-revoke, partition (root only: network namespaces).
+    /// pg-terminate, member-kill, lease-revoke, partition (root only: network namespaces),
+    /// failover, failover-wait (the Redis Sentinel topology of scripts/services).
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "pause,delay,restart,restart-delayed,clock-jump,pg-terminate,member-kill,lease-revoke,partition"
+        default_value = "pause,delay,restart,restart-delayed,clock-jump,pg-terminate,member-kill,lease-revoke,partition,failover,failover-wait"
     )]
     faults: Vec<String>,
 }

@@ -14,10 +14,14 @@ use crate::harness::BoxError;
 
 /// Runs `scripts/services ACTION NODE` for any node, including the dedicated ones.
 pub(super) async fn ctl(node: &str, action: NodeAction) -> Result<(), BoxError> {
+    script(&[action.as_str(), node]).await.map(drop)
+}
+
+/// Runs `scripts/services ARGS…`; its stdout, trimmed.
+pub(super) async fn script(args: &[&str]) -> Result<String, BoxError> {
     let mut cmd = tokio::process::Command::new("bash");
     cmd.arg(services::services_script())
-        .arg(action.as_str())
-        .arg(node)
+        .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -27,10 +31,11 @@ pub(super) async fn ctl(node: &str, action: NodeAction) -> Result<(), BoxError> 
     }
     let out = cmd.output().await?;
     if out.status.success() {
-        Ok(())
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
     } else {
         Err(format!(
-            "scripts/services {action} {node}: {}",
+            "scripts/services {}: {}",
+            args.join(" "),
             String::from_utf8_lossy(&out.stderr).trim()
         )
         .into())

@@ -79,7 +79,7 @@ pub(super) struct Pair {
 /// runtime, which never pauses), whether A's grant came back expired, and the namespaces of a
 /// partition.
 pub(super) struct Run<'a> {
-    env: &'a Env,
+    pub(super) env: &'a Env,
     pub(super) key: String,
     trial: Arc<Trial>,
     proxies: Vec<FaultProxy>,
@@ -337,6 +337,7 @@ pub(super) async fn trial(
         "pg-terminate" | "lease-revoke" => run.server_drop(fault, spec, t.ttl).await?,
         "member-kill" => run.member_kill(t.ttl).await?,
         "partition" => run.partition(backend, &t).await?,
+        "failover" | "failover-wait" => run.failover(fault == "failover-wait").await?,
         other => return Err(format!("unknown fault {other}").into()),
     };
     let Pair { a, b, caps } = pair;
