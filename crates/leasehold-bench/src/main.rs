@@ -101,7 +101,7 @@ struct PerfArgs {
     #[arg(long)]
     no_pin: bool,
     /// Which groups to run (comma-separated; default all): memory, file, redis,
-    /// redis-benchmark, redlock3, redlock5, redlock7, redlock5-blackhole, redlock5-slow,
+    /// redis-sentinel, redis-benchmark, redlock3, redlock5, redlock7, redlock5-blackhole, redlock5-slow,
     /// postgres-tcp, postgres-unix, etcd, etcd-cluster, tower-layer, postgres-tcp-pinned,
     /// postgres-unix-pinned.
     #[arg(long, value_delimiter = ',')]
