@@ -21,7 +21,7 @@ use crate::sentinel::SentinelConnector;
 
 /// How the check reaches the master.
 pub(crate) enum Source {
-    Client(redis::Client),
+    Client(Box<redis::Client>),
     Sentinel(std::sync::Arc<SentinelConnector>),
 }
 
@@ -60,7 +60,7 @@ impl ReplicaSync {
             return Ok(c);
         }
         let client = match &self.source {
-            Source::Client(c) => c.clone(),
+            Source::Client(c) => (**c).clone(),
             Source::Sentinel(s) => s.master_client().await?,
         };
         let config = AsyncConnectionConfig::new()

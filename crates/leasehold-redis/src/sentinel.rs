@@ -54,7 +54,7 @@ fn credentials(
     }
     let (u, p) = userinfo.split_once(':').unwrap_or((userinfo, ""));
     let some = |s: &str| -> Result<Option<String>, Error> {
-        Ok((!s.is_empty()).then(|| decode(backend, s)).transpose()?)
+        (!s.is_empty()).then(|| decode(backend, s)).transpose()
     };
     Ok((some(u)?, some(p)?))
 }

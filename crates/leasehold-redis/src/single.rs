@@ -125,7 +125,7 @@ impl RedisBackend {
         let connector = match &config.deployment {
             Deployment::Server(server) => {
                 let client = server.client(NAME, server.resp3(), config.tls_ca.as_deref())?;
-                sync = Some(Source::Client(client.clone()));
+                sync = Some(Source::Client(Box::new(client.clone())));
                 Connector::Single(client, manager(hub))
             }
             Deployment::Sentinel(target) => {
