@@ -101,7 +101,7 @@ struct PerfArgs {
     #[arg(long)]
     no_pin: bool,
     /// Which groups to run (comma-separated; default all): memory, file, redis,
-    /// redis-benchmark, redlock3, redlock5, redlock7, redlock5-blackhole, redlock5-slow,
+    /// redis-sentinel, redis-benchmark, redlock3, redlock5, redlock7, redlock5-blackhole, redlock5-slow,
     /// postgres-tcp, postgres-unix, etcd, etcd-cluster, tower-layer, postgres-tcp-pinned,
     /// postgres-unix-pinned.
     #[arg(long, value_delimiter = ',')]
@@ -145,11 +145,12 @@ struct SafetyArgs {
     )]
     backends: Vec<String>,
     /// Which faults (comma-separated): pause, delay, restart, restart-delayed, clock-jump,
-    /// pg-terminate, member-kill, lease-revoke.
+    /// pg-terminate, member-kill, lease-revoke, partition (root only: network namespaces),
+    /// failover, failover-wait (the Redis Sentinel topology of scripts/services).
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "pause,delay,restart,restart-delayed,clock-jump,pg-terminate,member-kill,lease-revoke"
+        default_value = "pause,delay,restart,restart-delayed,clock-jump,pg-terminate,member-kill,lease-revoke,partition,failover,failover-wait"
     )]
     faults: Vec<String>,
 }

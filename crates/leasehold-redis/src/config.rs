@@ -9,14 +9,17 @@ use redis::{ConnectionInfo, IntoConnectionInfo, ProtocolVersion};
 use crate::keys::{DEFAULT_PREFIX, check_prefix};
 use crate::options::{
     ALLOW_PLAINTEXT_PASSWORD, CA, CONNECT_TIMEOUT_MS, FAIR_QUEUE_MS, FENCE_TTL_MS, MIN_VALIDITY_MS,
-    NODE_TIMEOUT_MS, PREFIX, REDIS_OPTIONS, REDLOCK_OPTIONS, RESPONSE_TIMEOUT_MS, UrlOptions,
+    NODE_TIMEOUT_MS, PREFIX, REDIS_OPTIONS, REDLOCK_OPTIONS, REPLICA_SYNC, REPLICA_SYNC_TIMEOUT_MS,
+    RESPONSE_TIMEOUT_MS, SENTINEL_OPTIONS, SENTINEL_PASSWORD, SENTINEL_USER, UrlOptions,
     WAIT_INITIAL_MS, WAIT_MAX_MS,
 };
+use crate::sentinel::{SENTINEL_SCHEMES, SentinelTarget};
 
 /// Every URL scheme of this driver: [`RedisBackend`](crate::RedisBackend) on one server
 /// (`redis`, `rediss` for TLS, `redis+unix`, `unix`) or on a Redis Cluster given its seed nodes
-/// (`redis-cluster://[user:password@]host:port,host:port,…`, `rediss-cluster://…` over TLS),
-/// and [`REDLOCK_SCHEMES`].
+/// (`redis-cluster://[user:password@]host:port,host:port,…`, `rediss-cluster://…` over TLS) or
+/// on the master that Redis Sentinel names (`redis+sentinel://`, `rediss+sentinel://`; see the
+/// crate docs), and [`REDLOCK_SCHEMES`].
 pub const SCHEMES: &[&str] = &[
     "redis",
     "rediss",
@@ -24,6 +27,8 @@ pub const SCHEMES: &[&str] = &[
     "unix",
     "redis-cluster",
     "rediss-cluster",
+    "redis+sentinel",
+    "rediss+sentinel",
     "redlock",
 ];
 
@@ -161,6 +166,8 @@ pub(crate) enum Deployment {
     Server(Box<Server>),
     /// A Redis Cluster, by its seed nodes.
     Cluster(Vec<Server>),
+    /// The master that Redis Sentinel names.
+    Sentinel(Box<SentinelTarget>),
 }
 
 impl Deployment {
@@ -171,6 +178,7 @@ impl Deployment {
             Self::Cluster(seeds) => seeds
                 .iter()
                 .try_for_each(|s| s.check_plaintext(REDIS, allow)),
+            Self::Sentinel(t) => t.check_plaintext(REDIS, allow),
         }
     }
 
@@ -181,6 +189,7 @@ impl Deployment {
                 let urls: Vec<&str> = seeds.iter().map(|s| s.redacted.as_str()).collect();
                 format!("cluster [{}]", urls.join(", "))
             }
+            Self::Sentinel(t) => t.redacted.clone(),
         }
     }
 
@@ -192,6 +201,7 @@ impl Deployment {
                 let names: Vec<&str> = seeds.iter().map(|s| s.name.as_str()).collect();
                 format!("cluster {}", names.join(","))
             }
+            Self::Sentinel(t) => t.name(),
         }
     }
 }
@@ -238,7 +248,13 @@ pub struct RedisConfig {
     pub(crate) connect_timeout: Duration,
     pub(crate) response_timeout: Duration,
     pub(crate) wait_backoff: Backoff,
+    /// Replicas that must have a grant before it counts, and how long to wait for them.
+    pub(crate) replica_sync: Option<(usize, Duration)>,
 }
+
+/// The default of [`RedisConfig::with_replica_sync`]'s timeout (URL option
+/// `replica_sync_timeout_ms`).
+pub const DEFAULT_REPLICA_SYNC_TIMEOUT: Duration = Duration::from_millis(200);
 
 impl fmt::Debug for RedisConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -251,6 +267,7 @@ impl fmt::Debug for RedisConfig {
             .field("connect_timeout", &self.connect_timeout)
             .field("response_timeout", &self.response_timeout)
             .field("wait_backoff", &self.wait_backoff)
+            .field("replica_sync", &self.replica_sync)
             .finish()
     }
 }
@@ -272,13 +289,31 @@ impl RedisConfig {
     /// | `wait_initial_ms=N`, `wait_max_ms=N` | [`with_wait_backoff`](Self::with_wait_backoff) |
     /// | `allow_plaintext_password=false` | refuse a password sent without TLS (`redis://`) to a server that is not loopback; by default that only logs a warning (see [`leasehold_core::transport`]) |
     /// | `fence_ttl_ms=N` | [`with_fence_ttl`](Self::with_fence_ttl) |
+    ///
+    /// `redis+sentinel://` and `rediss+sentinel://` URLs also take `sentinel_user=U` and
+    /// `sentinel_password=P`, the sentinels' own login (see the crate docs).
     pub fn from_url(url: &str) -> Result<Self, Error> {
-        let (url, options) = UrlOptions::take(REDIS, url, REDIS_OPTIONS)?;
+        let sentinel = SENTINEL_SCHEMES
+            .iter()
+            .any(|s| url.strip_prefix(s).is_some_and(|r| r.starts_with("://")));
+        let names = if sentinel {
+            SENTINEL_OPTIONS
+        } else {
+            REDIS_OPTIONS
+        };
+        let (url, options) = UrlOptions::take(REDIS, url, names)?;
         let url = url.as_str();
         let cluster = ["redis-cluster://", "rediss-cluster://"]
             .into_iter()
             .find(|s| url.starts_with(s));
-        let deployment = if let Some(scheme) = cluster {
+        let deployment = if sentinel {
+            Deployment::Sentinel(Box::new(SentinelTarget::parse(
+                REDIS,
+                url,
+                options.get(SENTINEL_USER),
+                options.get(SENTINEL_PASSWORD),
+            )?))
+        } else if let Some(scheme) = cluster {
             let seeds = split_hosts(REDIS, url, scheme)?
                 .iter()
                 .map(|u| Server::parse(REDIS, u))
@@ -316,9 +351,42 @@ impl RedisConfig {
                 .unwrap_or(self.wait_backoff.initial),
             max: o.millis(WAIT_MAX_MS)?.unwrap_or(self.wait_backoff.max),
         };
+        if let Some(n) = o.get(REPLICA_SYNC) {
+            let n = n.parse().map_err(|_| {
+                invalid(
+                    REDIS,
+                    format!("`{REPLICA_SYNC}={n}` is not a number of replicas"),
+                )
+            })?;
+            let timeout = o
+                .millis(REPLICA_SYNC_TIMEOUT_MS)?
+                .unwrap_or(DEFAULT_REPLICA_SYNC_TIMEOUT);
+            self = self.with_replica_sync(n, timeout)?;
+        }
         Ok(self
             .with_timeouts(connect, response)
             .with_wait_backoff(backoff))
+    }
+
+    /// Counts a grant only once `replicas` replicas have it (`WAIT replicas timeout` after each
+    /// acquisition, on a connection of its own); when fewer acknowledge it within `timeout`,
+    /// the grant is given back and the acquisition fails with a retryable error. Off by
+    /// default: see the crate docs, "Redis Sentinel". Not for a Redis Cluster.
+    pub fn with_replica_sync(mut self, replicas: usize, timeout: Duration) -> Result<Self, Error> {
+        if replicas == 0 || timeout.is_zero() {
+            return Err(invalid(
+                REDIS,
+                "replica sync needs at least one replica and a timeout above zero",
+            ));
+        }
+        if matches!(self.deployment, Deployment::Cluster(_)) {
+            return Err(invalid(
+                REDIS,
+                "replica sync is not supported on a Redis Cluster",
+            ));
+        }
+        self.replica_sync = Some((replicas, timeout));
+        Ok(self)
     }
 
     /// A Redis Cluster, from the `redis://` URLs of some of its nodes (seeds).
@@ -355,6 +423,7 @@ impl RedisConfig {
                 initial: Duration::from_millis(50),
                 max: Duration::from_secs(1),
             },
+            replica_sync: None,
         }
     }
 

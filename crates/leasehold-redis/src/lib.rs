@@ -24,6 +24,11 @@
 //!   (or [`RedisConfig::cluster`]); each command goes to the master of its slot.
 //!   `rediss-cluster://…` is the same over TLS (the nodes' TLS ports, as `CLUSTER SLOTS`
 //!   tells a TLS client).
+//! - `redis+sentinel://[user:password@]host:port,host:port,…/SERVICE[/db]`: the master that the
+//!   Redis Sentinels at those addresses (port 26379 when left out) name for `SERVICE`, found
+//!   again after a failover (see [Redis Sentinel](#redis-sentinel)). The userinfo logs in to the
+//!   master (and its replicas), `sentinel_user` / `sentinel_password` to the sentinels;
+//!   `rediss+sentinel://` speaks TLS to both (the `ca` option as for `rediss://`).
 //! - `redlock://[user:password@]host:port,host:port,…[/db]`: N ≥ 3 independent servers.
 //!
 //! | URL option | what | default |
@@ -34,6 +39,8 @@
 //! | `connect_timeout_ms=N`, `response_timeout_ms=N` | connect and response timeouts; not for `redlock://` | 1000, 1000 |
 //! | `wait_initial_ms=N`, `wait_max_ms=N` | waiters' fallback backoff (they are woken by the release message first); not for `redlock://` | 50, 1000 |
 //! | `fence_ttl_ms=N` | fence counters expire N ms after their key's latest acquisition (see [what keys leave behind](#what-keys-leave-behind)); not for `redlock://` | kept for ever |
+//! | `sentinel_user=U`, `sentinel_password=P` | `redis+sentinel://` only: the sentinels' login (the URL's userinfo is the master's) | none |
+//! | `replica_sync=N`, `replica_sync_timeout_ms=T` | [replica-sync check](#the-replica-sync-check): a grant counts once `N` replicas have it, waiting up to `T` ms; not for `redis-cluster://` or `redlock://` | off; 200 |
 //! | `node_timeout_ms=N` | `redlock://` only: bound on each request to one node | `ttl / 200`, within 5–50 |
 //! | `connect_timeout_ms=N` | `redlock://`: each node's connect timeout | 1000 |
 //! | `min_validity_ms=N` | `redlock://` only: validity an acquisition must have left | 1 |
@@ -110,6 +117,42 @@
 //! in twenty goes straight back to the releaser, and no wait reaches a second. The price is
 //! throughput (every handoff waits for the head of the line to ask).
 //!
+//! # Redis Sentinel
+//!
+//! `redis+sentinel://10.0.0.1:26379,10.0.0.2:26379,10.0.0.3:26379/mymaster` asks the sentinels
+//! (the first that answers) which server is the master of `mymaster`, checks that the server
+//! says so itself (`ROLE`), and connects to it. When a request to it then fails the way a
+//! failover makes it fail (connection refused, dropped or timed out, or `READONLY` from a master
+//! demoted to a replica), the sentinels are asked again, and requests go to the master they
+//! name from then on, the release channels subscribed there again. The failed request returns a
+//! retryable error; the `Locker` retries it. The test `sentinel_failover.rs` kills the master
+//! and checks that the same backend works again once a replica is promoted.
+//!
+//! A failover is where a single Redis master loses locks: replication is asynchronous, so the
+//! promoted replica may lack the last grants — and the fence counter's last `INCR`s, so fencing
+//! tokens go back. The same test cuts the replicas off for the last 300 ms before the master
+//! dies, and the promoted replica hands out again every grant it missed, each with a lower
+//! token. Sentinel does not make Redis a correctness lock.
+//!
+//! ## The replica-sync check
+//!
+//! [`RedisConfig::with_replica_sync`] (`?replica_sync=N`) makes a grant count only once `N`
+//! replicas have acknowledged it: after the grant, on a connection of its own (`WAIT` blocks its
+//! connection, and the backend's connection is shared), the check writes a key of its own
+//! (`<prefix>replica-sync`), reads the lock back and sends `WAIT N timeout`; since replication
+//! keeps the master's order, a replica that has the check's write has the grant. When fewer
+//! replicas answer in time, the grant is given back and the acquisition fails with a retryable
+//! error. With `N` = every replica, the failover test loses no grant. It narrows the window, it
+//! does not close it: a replica acknowledges what it received, not what it wrote to disk, and
+//! an acquisition whose check failed leaves its write on the servers that had it until released.
+//!
+//! **Off by default**, unlike Redisson's `checkLockSyncedSlaves`: the right `N` depends on the
+//! deployment (a master without replicas would fail every acquisition), the check costs a round
+//! trip and the replication delay on every acquisition (`leasehold-bench perf` has the row) and
+//! stalls acquisitions up to the timeout while a replica lags, and it does not change the safety
+//! class: a lock that must not be lost belongs on etcd or PostgreSQL with fencing. Turn it on
+//! with `N` = the number of replicas when a lost grant costs more than the latency.
+//!
 //! # The scripts
 //!
 //! Acquire is one round trip: `SET key owner NX PX ttl` and, when it succeeds, `INCR` of the
@@ -175,13 +218,17 @@ mod node;
 mod options;
 mod redlock;
 mod renew;
+mod replica;
 mod scripts;
+mod sentinel;
 mod single;
 
 use leasehold_core::Error;
 use leasehold_core::driver::{Driver, Opening, Target, connecting, ready};
 
-pub use config::{REDLOCK_SCHEMES, RedisConfig, RedlockConfig, SCHEMES};
+pub use config::{
+    DEFAULT_REPLICA_SYNC_TIMEOUT, REDLOCK_SCHEMES, RedisConfig, RedlockConfig, SCHEMES,
+};
 pub use keys::DEFAULT_PREFIX;
 pub use redlock::RedlockBackend;
 pub use single::RedisBackend;

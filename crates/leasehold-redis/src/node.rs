@@ -13,6 +13,7 @@ use tokio::sync::OnceCell;
 
 use crate::keys::Names;
 use crate::scripts::{ACQUIRE_FAIR, ACQUIRE_FENCED, EXTEND_MANY, EXTEND_MANY_CROSS_SLOT, RELEASE};
+use crate::sentinel::{SentinelConn, SentinelConnector};
 
 /// What one `SET NX` found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,6 +30,8 @@ pub(crate) enum Connector {
     Single(Client, ConnectionManagerConfig),
     /// A Redis Cluster; redis-rs routes each command to the master of its slot.
     Cluster(ClusterClient),
+    /// The master Redis Sentinel names, found again after a failover.
+    Sentinel(Arc<SentinelConnector>),
 }
 
 /// The shared, multiplexed connection of a [`Node`].
@@ -36,6 +39,7 @@ pub(crate) enum Connector {
 pub(crate) enum Conn {
     Single(ConnectionManager),
     Cluster(ClusterConnection),
+    Sentinel(SentinelConn),
 }
 
 impl ConnectionLike for Conn {
@@ -43,6 +47,7 @@ impl ConnectionLike for Conn {
         match self {
             Self::Single(c) => c.req_packed_command(cmd),
             Self::Cluster(c) => c.req_packed_command(cmd),
+            Self::Sentinel(c) => c.req_packed_command(cmd),
         }
     }
 
@@ -55,6 +60,7 @@ impl ConnectionLike for Conn {
         match self {
             Self::Single(c) => c.req_packed_commands(pipeline, offset, count),
             Self::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+            Self::Sentinel(c) => c.req_packed_commands(pipeline, offset, count),
         }
     }
 
@@ -62,6 +68,7 @@ impl ConnectionLike for Conn {
         match self {
             Self::Single(c) => c.get_db(),
             Self::Cluster(c) => c.get_db(),
+            Self::Sentinel(c) => c.get_db(),
         }
     }
 }
@@ -115,6 +122,7 @@ impl Node {
                     Connector::Cluster(client) => {
                         client.get_async_connection().await.map(Conn::Cluster)
                     }
+                    Connector::Sentinel(s) => s.connect().await.map(Conn::Sentinel),
                 }
             })
             .await
@@ -336,6 +344,7 @@ impl Node {
         let r = match self.conn().await? {
             Conn::Single(mut c) => c.subscribe(channel).await,
             Conn::Cluster(mut c) => c.ssubscribe(channel).await,
+            Conn::Sentinel(c) => c.subscribe(channel).await,
         };
         r.map_err(|e| self.error(&e, "subscribe"))
     }
@@ -345,6 +354,7 @@ impl Node {
         let r = match self.conn().await? {
             Conn::Single(mut c) => c.unsubscribe(channel).await,
             Conn::Cluster(mut c) => c.sunsubscribe(channel).await,
+            Conn::Sentinel(c) => c.unsubscribe(channel).await,
         };
         r.map_err(|e| self.error(&e, "unsubscribe"))
     }

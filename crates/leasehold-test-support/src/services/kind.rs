@@ -46,11 +46,15 @@ pub enum Service {
     /// certificate chains to [`tls_ca`](super::tls_ca)). A TLS client is told the nodes' TLS
     /// ports by `CLUSTER SLOTS` and in redirections.
     RedisClusterTls,
+    /// Three Redis Sentinels watching a master and its two replicas as service `leasehold`
+    /// (`LEASEHOLD_TEST_REDIS_SENTINELS`, comma-separated `host:port` of the sentinels; the
+    /// `redis+sentinel://` URL of the service is in `LEASEHOLD_TEST_REDIS_SENTINEL_URL`).
+    RedisSentinel,
 }
 
 impl Service {
     /// Every service, in a fixed order.
-    pub const ALL: [Service; 11] = [
+    pub const ALL: [Service; 12] = [
         Service::Redis,
         Service::Redlock,
         Service::RedisCluster,
@@ -62,6 +66,7 @@ impl Service {
         Service::RedisTls,
         Service::EtcdSecure,
         Service::RedisClusterTls,
+        Service::RedisSentinel,
     ];
 
     /// The variable (in the env file or the process environment) that holds
@@ -79,6 +84,7 @@ impl Service {
             Service::RedisTls => "LEASEHOLD_TEST_REDIS_TLS_URL",
             Service::EtcdSecure => "LEASEHOLD_TEST_ETCD_SECURE_ENDPOINTS",
             Service::RedisClusterTls => "LEASEHOLD_TEST_REDIS_CLUSTER_TLS_URLS",
+            Service::RedisSentinel => "LEASEHOLD_TEST_REDIS_SENTINELS",
         }
     }
 
@@ -96,6 +102,7 @@ impl Service {
             Service::RedisTls => "redis-tls",
             Service::EtcdSecure => "etcd-secure",
             Service::RedisClusterTls => "redis-cluster-tls",
+            Service::RedisSentinel => "redis-sentinel",
         }
     }
 
@@ -109,6 +116,7 @@ impl Service {
             Service::Postgres | Service::PostgresSocket => 5432,
             Service::PgBouncer => 6432,
             Service::Etcd | Service::EtcdCluster | Service::EtcdSecure => 2379,
+            Service::RedisSentinel => 26379,
         }
     }
 }
