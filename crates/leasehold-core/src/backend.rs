@@ -7,14 +7,17 @@
 
 use std::any::Any;
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio::time::Instant;
 
 use crate::caps::Capabilities;
+use crate::election::{Candidate, ElectionBackend};
 use crate::error::Error;
 use crate::key::LockKey;
+use crate::semaphore::{PermitBackend, PermitLimit};
 use crate::signal::LeaseMonitor;
 use crate::token::{FencingToken, Owner};
 use crate::validity::Validity;
@@ -59,11 +62,49 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
     ///
     /// Backends that can renew many grants in one request do (Redis: one script over many
     /// keys); the others call [`extend_each`](crate::extend_each).
-    async fn extend_many(&self, reqs: &[ExtendRequest<'_>])
-    -> Vec<Result<Option<Validity>, Error>>;
+    async fn extend_many(&self, reqs: &[ExtendRequest<'_>]) -> Vec<Extended>;
 
     /// What the backend can tell about the current holder of `key`, if anyone holds it.
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error>;
+
+    /// This backend's permit view for semaphores of `limit` permits per key (see
+    /// [`semaphore`](crate::semaphore)), or [`Error::unsupported_primitive`] when
+    /// [`Capabilities::semaphores`] is `false`.
+    fn semaphore(self: Arc<Self>, limit: PermitLimit) -> Result<Arc<dyn PermitBackend>, Error>;
+
+    /// This backend's election view for `candidate` (see [`election`](crate::election)), or
+    /// [`Error::unsupported_primitive`] when [`Capabilities::elections`] is `false`.
+    fn election(self: Arc<Self>, candidate: Candidate) -> Result<Arc<dyn ElectionBackend>, Error>;
+}
+
+/// Implements [`LockBackend::semaphore`] and [`LockBackend::election`] for a backend that gives
+/// neither, refusing both with [`Error::unsupported_primitive`] and the reason given (its
+/// `capabilities()` must then leave both flags off). Use it inside the `impl LockBackend` block.
+#[macro_export]
+macro_rules! refuse_primitives {
+    ($why:expr) => {
+        fn semaphore(
+            self: ::std::sync::Arc<Self>,
+            _limit: $crate::PermitLimit,
+        ) -> ::std::result::Result<::std::sync::Arc<dyn $crate::PermitBackend>, $crate::Error> {
+            ::std::result::Result::Err($crate::Error::unsupported_primitive(
+                $crate::LockBackend::capabilities(&*self).name,
+                "semaphores",
+                $why,
+            ))
+        }
+
+        fn election(
+            self: ::std::sync::Arc<Self>,
+            _candidate: $crate::Candidate,
+        ) -> ::std::result::Result<::std::sync::Arc<dyn $crate::ElectionBackend>, $crate::Error> {
+            ::std::result::Result::Err($crate::Error::unsupported_primitive(
+                $crate::LockBackend::capabilities(&*self).name,
+                "elections",
+                $why,
+            ))
+        }
+    };
 }
 
 /// What every [`LockBackend`] offers on top of the trait, implemented once for all of them.
@@ -142,6 +183,10 @@ impl<'a> ExtendRequest<'a> {
         Validity::new(self.started, self.ttl)
     }
 }
+
+/// One outcome of [`LockBackend::extend`] or of a request in [`LockBackend::extend_many`]:
+/// the new validity, `None` when the grant is no longer ours, or a fault.
+pub type Extended = Result<Option<Validity>, Error>;
 
 /// Backend-private state of a grant (a database session, a lease id), kept by the
 /// [`Lease`](crate::Lease) and handed back to `release` and `extend` through [`Held::state`].

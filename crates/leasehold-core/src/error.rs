@@ -139,6 +139,17 @@ impl Error {
         )
     }
 
+    /// What a backend answers when asked for a primitive it cannot give safely (a semaphore or
+    /// an election on Redlock): [`ErrorKind::Unsupported`], naming the primitive and saying
+    /// `why`.
+    pub fn unsupported_primitive(backend: &'static str, primitive: &str, why: &str) -> Self {
+        Self::new(
+            ErrorKind::Unsupported,
+            backend,
+            format!("{backend} does not give {primitive}: {why}"),
+        )
+    }
+
     /// An [`ErrorKind::LeaseLost`] error for `key`, carrying the reason.
     pub fn lease_lost(
         backend: impl Into<Cow<'static, str>>,

@@ -16,7 +16,7 @@ use crate::error::Error;
 use crate::key::LockKey;
 use crate::loss::LossReason;
 use crate::metrics;
-use crate::policy::check_ttl;
+use crate::policy::{Renewal, check_ttl};
 use crate::release::{Horizon, RELEASE_BUDGET, release_in_background, retry_release};
 use crate::renewal::{Renewable, Renewer, Ticket};
 use crate::signal::{LostSignal, Shared};
@@ -164,11 +164,12 @@ impl Lease {
         }
     }
 
-    /// Queues the lease in the locker's renewal engine: renewed every `interval` (in batches
-    /// with the locker's other leases) until released, dropped or lost.
-    pub(crate) fn start_watchdog(&self, renewer: &Renewer, interval: Duration) {
+    /// Queues the lease in the locker's renewal engine: renewed as `policy` says (every
+    /// `interval` now, in batches with the locker's other leases) until released, dropped or
+    /// lost.
+    pub(crate) fn start_watchdog(&self, renewer: &Renewer, policy: Renewal, interval: Duration) {
         let lease: Weak<dyn Renewable> = Arc::downgrade(&self.inner) as Weak<Inner>;
-        let Some(ticket) = renewer.register(lease, interval) else {
+        let Some(ticket) = renewer.register(lease, interval, policy) else {
             tracing::warn!(key = %self.inner.key, "no Tokio runtime: lease renewal is off");
             return;
         };
@@ -248,8 +249,24 @@ impl Lease {
         }
     }
 
+    /// An `extend` to `ttl` succeeded: the watchdog (if one runs) renews by the new TTL from
+    /// now on (`ttl / 3` with [`Renewal::Auto`]), so a shorter TTL is not left on the old,
+    /// longer interval to expire between two renewals.
+    fn rearm_watchdog(&self, ttl: Duration) {
+        let watchdog = self
+            .inner
+            .watchdog
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(ticket) = watchdog.as_ref()
+            && let Some(interval) = ticket.policy.interval_for(ttl, self.inner.shared.drift())
+        {
+            ticket.rearm(interval);
+        }
+    }
+
     /// Re-arms the lease for `ttl` if we still hold it, moving the validity deadline to
-    /// `now + ttl − drift`. If the backend says we no longer hold it, the lost signal fires and
+    /// `now + ttl − drift`; the renewal watchdog then renews by the new TTL. If the backend says we no longer hold it, the lost signal fires and
     /// the error is [`ErrorKind::LeaseLost`](crate::ErrorKind::LeaseLost). A fault (the backend
     /// unreachable) is returned as is: the lease stays valid until its current deadline.
     pub async fn extend(&self, ttl: Duration) -> Result<(), Error> {
@@ -273,6 +290,7 @@ impl Lease {
                             .ttl
                             .lock()
                             .unwrap_or_else(PoisonError::into_inner) = ttl;
+                        self.rearm_watchdog(ttl);
                         Ok(())
                     }
                     Err(reason) => Err(self.lost_error(reason)),

@@ -111,6 +111,7 @@ mod backend;
 mod caps;
 mod detach;
 pub mod driver;
+pub mod election;
 mod error;
 pub mod fence;
 mod key;
@@ -123,16 +124,21 @@ mod policy;
 pub mod redaction;
 mod release;
 mod renewal;
+pub mod semaphore;
 mod signal;
 mod token;
+pub mod transport;
 mod validity;
 
 pub use backend::{
-    ExtendRequest, Grant, GrantState, Held, HolderInfo, LockBackend, LockBackendExt, LockRequest,
-    Waited,
+    ExtendRequest, Extended, Grant, GrantState, Held, HolderInfo, LockBackend, LockBackendExt,
+    LockRequest, Waited,
 };
-pub use caps::{Capabilities, DEFAULT_MAX_TTL, FencingKind, RenewalKind, SafetyClass, WaitKind};
+pub use caps::{
+    Capabilities, CrashRelease, DEFAULT_MAX_TTL, FencingKind, RenewalKind, SafetyClass, WaitKind,
+};
 pub use detach::settle;
+pub use election::{Candidate, ElectionBackend, Leader};
 pub use error::{Error, ErrorKind, NodeError};
 pub use fence::{Admission, FenceStore, MemoryFenceStore};
 pub use key::{IntoLockKey, KeyError, LockKey, MAX_KEY_LEN};
@@ -140,10 +146,11 @@ pub use lease::{Lease, LeaseInfo};
 pub use locker::Locker;
 pub use loss::LossReason;
 pub use memory::MemoryBackend;
-pub use policy::{Backoff, Drift, LockOptions, Renewal};
+pub use policy::{Backoff, Drift, LockOptions, MIN_RENEWAL_SLACK, Renewal};
 pub use redaction::{Redacted, redact};
 pub use release::{Horizon, RELEASE_BUDGET, release_in_background, retry_release};
 pub use renewal::{MAX_BATCH, extend_each};
+pub use semaphore::{PermitBackend, PermitLimit};
 pub use signal::{LeaseMonitor, LostSignal};
 pub use token::{FencingToken, OWNER_BYTES, Owner};
 pub use validity::Validity;

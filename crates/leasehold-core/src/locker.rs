@@ -322,7 +322,7 @@ impl Locker {
         if self.caps.renewal == RenewalKind::Extend
             && let Some(interval) = self.options.renewal_interval()
         {
-            lease.start_watchdog(&self.renewer, interval);
+            lease.start_watchdog(&self.renewer, self.options.renewal, interval);
         }
         Ok((Some(lease), attempts))
     }

@@ -136,6 +136,8 @@ impl Drop for WaiterGuard<'_> {
 
 #[async_trait]
 impl LockBackend for MemoryBackend {
+    crate::refuse_primitives!("not built yet");
+
     fn capabilities(&self) -> Capabilities {
         Capabilities::new(NAME, SafetyClass::Process, FencingKind::Monotonic)
             .with_wait(WaitKind::Native)
@@ -218,10 +220,7 @@ impl LockBackend for MemoryBackend {
     }
 
     /// No batch request here: each grant in turn.
-    async fn extend_many(
-        &self,
-        reqs: &[crate::ExtendRequest<'_>],
-    ) -> Vec<Result<Option<crate::Validity>, crate::Error>> {
+    async fn extend_many(&self, reqs: &[crate::ExtendRequest<'_>]) -> Vec<crate::Extended> {
         crate::extend_each(self, reqs).await
     }
 
@@ -318,6 +317,8 @@ mod tests {
         }
         #[async_trait]
         impl LockBackend for Watching {
+            crate::refuse_primitives!("a test backend");
+
             fn capabilities(&self) -> Capabilities {
                 self.inner.capabilities().with_name("watching")
             }
@@ -337,10 +338,7 @@ mod tests {
                 self.inner.extend(req).await
             }
             /// No batch request here: each grant in turn.
-            async fn extend_many(
-                &self,
-                reqs: &[crate::ExtendRequest<'_>],
-            ) -> Vec<Result<Option<crate::Validity>, crate::Error>> {
+            async fn extend_many(&self, reqs: &[crate::ExtendRequest<'_>]) -> Vec<crate::Extended> {
                 crate::extend_each(self, reqs).await
             }
 

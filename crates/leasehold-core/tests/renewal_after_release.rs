@@ -38,6 +38,8 @@ impl ResettingExtend {
 
 #[async_trait]
 impl LockBackend for ResettingExtend {
+    leasehold_core::refuse_primitives!("a test backend");
+
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities().with_name("resetting-extend")
     }

@@ -22,6 +22,8 @@ const DELAY: Duration = Duration::from_millis(300);
 
 #[async_trait]
 impl LockBackend for SlowRelease {
+    leasehold_core::refuse_primitives!("a test backend");
+
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities().with_name("slow-release")
     }

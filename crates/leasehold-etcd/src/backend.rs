@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use etcd_client::{Client, ConnectOptions, GetOptions};
 use leasehold_core::{
-    Capabilities, DEFAULT_MAX_TTL, Error, ErrorKind, ExtendRequest, FencingKind, FencingToken,
+    Capabilities, CrashRelease, DEFAULT_MAX_TTL, Error, ErrorKind, ExtendRequest, FencingKind,
     Grant, Held, HolderInfo, LockBackend, LockKey, LockRequest, Owner, RenewalKind, SafetyClass,
     Validity, WaitKind, Waited, async_trait,
 };
@@ -15,10 +15,11 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use crate::NAME;
-use crate::client::{Inner, LocalSlot, first_created, waiter_key};
+use crate::client::{Inner, LocalSlot, first_created, token, waiter_key};
 use crate::config::{EtcdConfig, LeaseMode};
 use crate::error::{EtcdError, with_timeout};
 use crate::job::{EtcdGrant, Job, Mode};
+use crate::session::MIN_LEASE_TTL;
 
 /// What etcd guarantees and supports: a constant, as
 /// [`LockBackend::capabilities`] requires.
@@ -26,7 +27,11 @@ const CAPABILITIES: Capabilities =
     Capabilities::new(NAME, SafetyClass::Correctness, FencingKind::Monotonic)
         .with_wait(WaitKind::Native)
         .with_renewal(RenewalKind::Session)
-        .with_ttl_range(Duration::from_secs(1), DEFAULT_MAX_TTL);
+        .with_ttl_range(Duration::from_secs(1), DEFAULT_MAX_TTL)
+        .with_crash_release(CrashRelease::TtlRoundedUp {
+            step: Duration::from_secs(1),
+            min: MIN_LEASE_TTL,
+        });
 
 /// Locks on etcd: consensus-backed, with the lock key's create revision as fencing token.
 ///
@@ -51,6 +56,17 @@ impl EtcdBackend {
     /// missing permission shows here, not at the first lock).
     pub async fn connect(config: EtcdConfig) -> Result<Self, Error> {
         config.validate()?;
+        if config.user.is_some() && !config.is_tls() {
+            for endpoint in &config.endpoints {
+                let host = endpoint.strip_prefix("http://").unwrap_or(endpoint);
+                leasehold_core::transport::check_plaintext_password(
+                    NAME,
+                    host,
+                    "etcd user:password over plain gRPC (http://)",
+                    config.allow_plaintext_password,
+                )?;
+            }
+        }
         let mut opts = ConnectOptions::new()
             .with_connect_timeout(config.connect_timeout)
             .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2))
@@ -110,7 +126,10 @@ impl EtcdBackend {
         .await
         .map_err(|e| e.into_core("reaching etcd"))?;
         if backend.inner.config.lease_mode == LeaseMode::Session {
-            backend.inner.session().await?;
+            backend
+                .inner
+                .session(backend.inner.config.session_ttl)
+                .await?;
         }
         Ok(backend)
     }
@@ -120,16 +139,25 @@ impl EtcdBackend {
         &self.inner.config
     }
 
-    /// The id of the current session lease, if one is alive ([`LeaseMode::Session`]), as
-    /// `etcdctl lease list` shows it in hex.
+    /// The id of the current session lease of locks whose TTL rounds to `session_ttl`'s (the
+    /// lease granted on connecting), if one is alive ([`LeaseMode::Session`]), as `etcdctl lease
+    /// list` shows it in hex. Locks of another TTL are on the session lease of their own TTL
+    /// ([`session_lease_id_for`](Self::session_lease_id_for)).
     pub async fn session_lease_id(&self) -> Option<i64> {
-        let s = self.inner.session.lock().await;
-        s.as_ref().filter(|s| !s.is_lost()).map(|s| s.id())
+        self.session_lease_id_for(self.inner.config.session_ttl)
+            .await
     }
 
-    /// The etcd key prefix under which `key`'s waiters live: `<prefix><key>/`.
+    /// The id of the live session lease of locks of `ttl` (one per TTL rounded up to whole
+    /// seconds, at least 2 s), if there is one.
+    pub async fn session_lease_id_for(&self, ttl: Duration) -> Option<i64> {
+        self.inner.live_session(ttl).await.map(|s| s.id())
+    }
+
+    /// The etcd key prefix under which `key`'s waiters live: `<prefix><escaped key>/` (the
+    /// crate docs' key mapping says how a key is escaped).
     pub fn lock_prefix(&self, key: &LockKey) -> String {
-        format!("{}{}/", self.inner.config.prefix, key.as_str())
+        crate::lock_prefix(&self.inner.config.prefix, key)
     }
 
     /// Deletes whatever key holds the owner value of an acquisition whose outcome the caller
@@ -154,13 +182,7 @@ impl EtcdBackend {
     async fn keys_gone(&self) -> bool {
         match self.inner.config.lease_mode {
             LeaseMode::PerLock => true,
-            LeaseMode::Session => self
-                .inner
-                .session
-                .lock()
-                .await
-                .as_ref()
-                .is_none_or(|s| s.is_lost()),
+            LeaseMode::Session => self.inner.no_live_session().await,
         }
     }
 
@@ -169,7 +191,7 @@ impl EtcdBackend {
         let (session, slot) = match self.inner.config.lease_mode {
             LeaseMode::PerLock => (None, None),
             LeaseMode::Session => loop {
-                let session = self.inner.session().await?;
+                let session = self.inner.session(req.ttl).await?;
                 let key = waiter_key(&prefix, session.id());
                 let slot = LocalSlot::new(&self.inner, key);
                 match mode {
@@ -207,6 +229,8 @@ impl EtcdBackend {
 
 #[async_trait]
 impl LockBackend for EtcdBackend {
+    leasehold_core::refuse_primitives!("not built yet");
+
     fn capabilities(&self) -> Capabilities {
         CAPABILITIES
     }
@@ -261,11 +285,12 @@ impl LockBackend for EtcdBackend {
                     .find_owner(&prefix, owner)
                     .await
                     .map_err(|e| e.into_core("extend"))?;
-                let current = self.inner.session.lock().await.clone();
-                let session = current.filter(|s| found.iter().any(|kv| kv.lease() == s.id()));
-                match (found.into_iter().next(), session) {
-                    (Some(kv), Some(s)) => (kv.key().to_vec(), owner, Some(s)),
-                    _ => return Ok(None),
+                let Some(kv) = found.into_iter().next() else {
+                    return Ok(None);
+                };
+                match self.inner.session_by_id(kv.lease()).await {
+                    Some(s) => (kv.key().to_vec(), owner, Some(s)),
+                    None => return Ok(None),
                 }
             }
         };
@@ -290,7 +315,7 @@ impl LockBackend for EtcdBackend {
     async fn extend_many(
         &self,
         reqs: &[leasehold_core::ExtendRequest<'_>],
-    ) -> Vec<Result<Option<leasehold_core::Validity>, leasehold_core::Error>> {
+    ) -> Vec<leasehold_core::Extended> {
         leasehold_core::extend_each(self, reqs).await
     }
 
@@ -305,9 +330,7 @@ impl LockBackend for EtcdBackend {
             return Ok(None);
         };
         let mut info = HolderInfo::unknown()
-            .with_fencing(FencingToken::new(
-                u64::try_from(holder.create_revision()).unwrap_or(0),
-            ))
+            .with_fencing(token(holder.create_revision())?)
             .with_detail(format!(
                 "etcd key {:?} on lease {:x}",
                 String::from_utf8_lossy(holder.key()),
@@ -324,10 +347,9 @@ impl LockBackend for EtcdBackend {
                 async move { lease.time_to_live(id, None).await }
             })
             .await
-                && ttl.ttl() > 0
+                && let Ok(remaining) = crate::session::granted_ttl(ttl.ttl())
             {
-                info =
-                    info.with_remaining(Duration::from_secs(u64::try_from(ttl.ttl()).unwrap_or(0)));
+                info = info.with_remaining(remaining);
             }
         }
         Ok(Some(info))

@@ -13,7 +13,9 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use crate::NAME;
-use crate::client::{Inner, LocalSlot, finish, first_created, first_kv, revision, waiter_key};
+use crate::client::{
+    Inner, LocalSlot, checked_revision, finish, first_created, first_kv, revision, waiter_key,
+};
 use crate::config::LeaseMode;
 use crate::session::Session;
 
@@ -87,7 +89,7 @@ impl Job {
                     slot: Mutex::new(self.slot.take()),
                     done: AtomicBool::new(false),
                 };
-                let fencing = FencingToken::new(u64::try_from(rev).unwrap_or(0));
+                let fencing = FencingToken::new(rev.unsigned_abs());
                 let grant = Grant::new(validity).with_fencing(fencing).with_state(state);
                 // If our caller is gone, dropping the grant releases it (EtcdGrant's Drop).
                 drop(tx.send(Ok(Some(grant))));
@@ -188,7 +190,7 @@ impl Job {
         match first_kv(&resp, 0) {
             // Our own key already: an earlier send of this very request landed.
             Some(kv) if kv.value() == self.owner.as_bytes() => {
-                return Ok(Some(kv.create_revision()));
+                return checked_revision(kv.create_revision()).map(Some);
             }
             Some(stale) => self.drop_stale(&stale).await,
             None => {}
@@ -220,7 +222,7 @@ impl Job {
         match first_kv(&resp, 0) {
             // Our own key already: queued (or holding) since its create revision.
             Some(kv) if kv.value() == self.owner.as_bytes() => {
-                Ok(Some((kv.create_revision(), false)))
+                Ok(Some((checked_revision(kv.create_revision())?, false)))
             }
             stale => {
                 self.created = false;
@@ -256,7 +258,7 @@ impl Job {
                     Some(
                         GetOptions::new()
                             .with_prefix()
-                            .with_max_create_revision(my_rev - 1)
+                            .with_max_create_revision(my_rev.saturating_sub(1))
                             .with_sort(SortTarget::Create, SortOrder::Descend)
                             .with_limit(1),
                     ),
@@ -279,7 +281,7 @@ impl Job {
             let Some(pred) = first_kv(&resp, 0) else {
                 return Ok(Some(my_rev));
             };
-            let from = resp.header().map_or(0, |h| h.revision()) + 1;
+            let from = checked_revision(resp.header().map_or(0, |h| h.revision()))? + 1;
             tokio::select! {
                 r = self.deleted(pred.key().to_vec(), from) => {
                     if let Err(e) = r {

@@ -28,7 +28,10 @@
 //!   grant of every key ([`FencingKind::Monotonic`]). Queued waiters are granted in create
 //!   revision order, so tokens also increase in grant order.
 //! - **Never without a lease.** Every key is written with a lease: a lock can't outlive its
-//!   process by more than the lease's TTL. (A key written without one lives forever, and one
+//!   process by more than the lease's TTL, and that TTL is the lock's own, rounded up to whole
+//!   seconds and at least 2 s (etcd grants whole seconds, and raises shorter leases to its own
+//!   minimum): after a SIGKILL, a lock of `--ttl 3s` is free again within about 3 s
+//!   ([`CrashRelease::TtlRoundedUp`](leasehold_core::CrashRelease::TtlRoundedUp)). (A key written without one lives forever, and one
 //!   on etcd's default lease disappears after 60 s: both are bugs we don't have.)
 //! - **Told when lost.** Leases are kept alive in the background (a third of the shortest
 //!   validity promised, over one keep-alive stream per lease, reopened on another member if it
@@ -50,8 +53,8 @@
 //!   resource makes a late write harmless.
 //! - Without quorum nobody can acquire, renew or release; leases then run out on the
 //!   survivors' clocks and holders are told they lost them. Locks come back with quorum.
-//! - In [`LeaseMode::Session`] (the default) a crashed process's locks last until its session
-//!   lease expires (`session_ttl`, 10 s by default), whatever TTL the request asked for; the
+//! - A crashed process's locks last until their session lease expires: the lock's TTL rounded
+//!   up to whole seconds, at least 2 s (a 300 ms TTL keeps a crashed holder's lock for 2 s); the
 //!   validity we *report* is never longer than the request's TTL.
 //! - In-process waiters on a lock held by a task of the same backend queue locally (FIFO) and
 //!   join etcd's queue only when the local holder is done, so a remote client that queues in
@@ -60,7 +63,11 @@
 //! # Key mapping
 //!
 //! Lock `K` with prefix `P` (default `"leasehold/"`, see [`EtcdConfig::prefix`]) is the etcd key
-//! range `P K /` — every key starting with `"{P}{K}/"`. Each contender puts one key
+//! range `P K /` — every key starting with `"{P}{K}/"`, where `K` is the key with `%` written
+//! `%25` and `/` written `%2F` (nothing else changes), so that the ranges of two locks never
+//! contain each other: a holder of `a/b` does not make `a` look held. Semaphores and elections
+//! have namespaces of their own under the prefix (`%sem/`, `%elect/`), which no escaped key can
+//! produce. Each contender puts one key
 //! `"{P}{K}/{lease}"`, where `{lease}` is its etcd lease id in lower-case hex without padding,
 //! attached to that lease; the key with the **lowest create revision** under the range holds
 //! the lock and the others wait for their predecessor's deletion. This is exactly the layout
@@ -68,21 +75,25 @@
 //! exclude each other with this backend:
 //!
 //! ```text
-//! ETCDCTL_API=3 etcdctl --endpoints 127.0.0.1:2379 lock leasehold/billing/export
+//! ETCDCTL_API=3 etcdctl --endpoints 127.0.0.1:2379 lock leasehold/billing%2Fexport
 //! ```
 //!
 //! holds our lock `billing/export` (prefix `leasehold/`) until you stop it, and queues behind
 //! us while we hold it. Our keys' value is the acquisition's owner value (40 hex digits);
 //! `etcdctl lock` writes an empty value. To see who holds a lock:
-//! `etcdctl get --prefix leasehold/billing/export/ --sort-by=CREATE --order=ASCEND --limit=1`.
+//! `etcdctl get --prefix leasehold/billing%2Fexport/ --sort-by=CREATE --order=ASCEND --limit=1`.
 //!
 //! `try_acquire` creates its key only if the range is empty (a transaction comparing the range's
 //! create revision to 0), so it never queues: a lock with waiters counts as held.
 //!
 //! # Sessions and in-process exclusion
 //!
-//! In [`LeaseMode::Session`] one lease serves every acquisition of a backend instance (and its
-//! clones): one write per lock, one keep-alive stream. etcd counts keys on the same lease as the
+//! In [`LeaseMode::Session`] one lease per distinct TTL (in whole seconds, at least 2 s)
+//! serves every acquisition of that TTL of a backend instance (and its clones): one write per
+//! lock, one keep-alive stream per TTL in use. A lease per lock would cost a grant and a revoke
+//! more per lock; a single lease for all TTLs would keep a crashed holder's short locks as long
+//! as the longest. Up to 8 TTLs keep their lease; beyond that, a lease no grant uses any more
+//! is revoked when another TTL needs one. etcd counts keys on the same lease as the
 //! same owner (`etcdctl lock` would re-enter), so the backend adds in-process exclusion: one
 //! local permit per waiter key, taken before touching etcd and given back only after our key is
 //! deleted. In [`LeaseMode::PerLock`] every acquisition has a lease of its own (its TTL is the
@@ -119,6 +130,11 @@
 //! see [`EtcdConfig::from_url`]. `etcds://` uses TLS through rustls and needs the crate
 //! feature `tls`. Passwords never appear in `Debug` output or error messages.
 //!
+//! A `user:password` sent to an endpoint that is not loopback over plain gRPC (`etcd://`)
+//! crosses the network in clear: connecting logs a `warn!` (target `leasehold.plaintext`), or
+//! fails with `allow_plaintext_password=false` (see [`leasehold_core::transport`]). Use
+//! `etcds://`.
+//!
 //! [`SafetyClass::Correctness`]: leasehold_core::SafetyClass::Correctness
 //! [`FencingKind::Monotonic`]: leasehold_core::FencingKind::Monotonic
 //! [`RenewalKind::Session`]: leasehold_core::RenewalKind::Session
@@ -129,12 +145,14 @@ mod client;
 mod config;
 mod error;
 mod job;
+mod names;
 mod session;
 
 pub use backend::EtcdBackend;
 #[cfg(feature = "tls")]
 pub use config::TlsConfig;
 pub use config::{DEFAULT_PREFIX, EtcdConfig, LeaseMode, SCHEMES};
+pub use names::{election_name, lock_prefix, semaphore_prefix};
 
 use leasehold_core::Error;
 use leasehold_core::driver::{Driver, Opening, Target, connecting};

@@ -146,14 +146,14 @@ async fn key_layout_matches_the_concurrency_recipe() {
     let resp = client
         .kv_client()
         .get(
-            format!("{prefix}a/b/"),
+            format!("{prefix}a%2Fb/"),
             Some(GetOptions::new().with_prefix()),
         )
         .await
         .unwrap();
     assert_eq!(resp.kvs().len(), 1);
     let kv = &resp.kvs()[0];
-    assert_eq!(kv.key_str().unwrap(), format!("{prefix}a/b/{session:x}"));
+    assert_eq!(kv.key_str().unwrap(), format!("{prefix}a%2Fb/{session:x}"));
     assert_eq!(kv.value(), lease.owner().as_str().as_bytes());
     assert_eq!(kv.lease(), session);
     assert_eq!(
@@ -346,4 +346,19 @@ async fn connect_errors_are_typed_and_never_show_the_password() {
 
 async fn connect_url(url: &str) -> Result<leasehold_etcd::EtcdBackend, leasehold_core::Error> {
     leasehold_etcd::EtcdBackend::connect(leasehold_etcd::EtcdConfig::from_url(url)?).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_does_not_see_the_holders_of_a_longer_key() {
+    let ep = require_service!(Service::Etcd);
+    let prefix = common::prefix("prefix-free");
+    let one = common::locker(common::backend(&ep, &prefix, LeaseMode::Session).await);
+    let two = common::locker(common::backend(&ep, &prefix, LeaseMode::Session).await);
+    let inner = one.try_acquire("a/b").await.unwrap().expect("a/b is free");
+    // Before names were escaped, `a`'s range `{prefix}a/` held the key of `a/b`.
+    assert_eq!(two.inspect("a").await.unwrap(), None, "a looks held");
+    let outer = two.try_acquire("a").await.unwrap().expect("a is free");
+    assert!(outer.fencing_token() > inner.fencing_token());
+    assert!(outer.release().await.unwrap());
+    assert!(inner.release().await.unwrap());
 }

@@ -509,11 +509,14 @@ fn write_owner(file: &mut File, owner: &Owner) -> io::Result<()> {
 
 #[async_trait]
 impl LockBackend for FileBackend {
+    leasehold_core::refuse_primitives!("not built yet");
+
     fn capabilities(&self) -> Capabilities {
         Capabilities::new(NAME, SafetyClass::Host, FencingKind::Monotonic)
             .with_wait(WaitKind::Poll)
             .with_renewal(RenewalKind::Session)
             .with_ttl_range(self.inner.config.check_interval * 2, DEFAULT_MAX_TTL)
+            .with_crash_release(leasehold_core::CrashRelease::ProcessExit)
     }
 
     async fn try_lock(&self, req: LockRequest<'_>) -> Result<Option<Grant>, Error> {
@@ -594,7 +597,7 @@ impl LockBackend for FileBackend {
     async fn extend_many(
         &self,
         reqs: &[leasehold_core::ExtendRequest<'_>],
-    ) -> Vec<Result<Option<leasehold_core::Validity>, leasehold_core::Error>> {
+    ) -> Vec<leasehold_core::Extended> {
         leasehold_core::extend_each(self, reqs).await
     }
 

@@ -98,8 +98,9 @@ impl PostgresBackend {
         &self.shared.pool.cfg
     }
 
-    /// The advisory-lock key (`bigint`) this backend uses for `key`: the number itself for
-    /// keys of the form `advisory:<i64>`, else [`advisory_key`](crate::advisory_key)`(prefix + key)`.
+    /// The advisory-lock key (`bigint`) this backend uses for `key`:
+    /// [`advisory_key`](crate::advisory_key)`(prefix + key)`, or, only where the configuration
+    /// opts in (`advisory_keys=true`), the number itself for keys of the form `advisory:<i64>`.
     pub fn lock_id(&self, key: &LockKey) -> i64 {
         // The derivation is two HMAC-SHA256s (some 28k instructions, more than the rest of a
         // lock cycle on the client): remember the ids of recently used keys.
@@ -107,7 +108,8 @@ impl PostgresBackend {
             return *id;
         }
         let prefix = &self.shared.pool.cfg.prefix;
-        let id = match explicit_key(key) {
+        let explicit = explicit_key(key).filter(|_| self.shared.pool.cfg.advisory_keys);
+        let id = match explicit {
             Some(id) => id,
             None if prefix.is_empty() => advisory_key(key.as_str()),
             None => advisory_key(&format!("{prefix}{}", key.as_str())),
@@ -338,6 +340,8 @@ fn internal(msg: &str) -> Error {
 
 #[async_trait]
 impl LockBackend for PostgresBackend {
+    leasehold_core::refuse_primitives!("not built yet");
+
     fn capabilities(&self) -> Capabilities {
         Capabilities::new(NAME, SafetyClass::Correctness, FencingKind::Monotonic)
             .with_wait(WaitKind::Native)
@@ -346,6 +350,7 @@ impl LockBackend for PostgresBackend {
                 self.shared.window(),
                 DEFAULT_MAX_TTL.max(self.shared.window()),
             )
+            .with_crash_release(leasehold_core::CrashRelease::ProcessExit)
     }
 
     async fn try_lock(&self, req: LockRequest<'_>) -> Result<Option<Grant>, Error> {
@@ -440,7 +445,7 @@ impl LockBackend for PostgresBackend {
     async fn extend_many(
         &self,
         reqs: &[leasehold_core::ExtendRequest<'_>],
-    ) -> Vec<Result<Option<leasehold_core::Validity>, leasehold_core::Error>> {
+    ) -> Vec<leasehold_core::Extended> {
         leasehold_core::extend_each(self, reqs).await
     }
 
@@ -482,8 +487,15 @@ mod tests {
             }
             assert!(backend.shared.ids().len() <= ID_CACHE);
         }
+        // Without the opt-in, `advisory:<n>` is a name like any other: hashed, prefixed.
         let numeric = crate::numeric_key(-42);
-        assert_eq!(backend.lock_id(&numeric), -42);
-        assert_eq!(backend.lock_id(&numeric), -42);
+        assert_eq!(backend.lock_id(&numeric), advisory_key("app/advisory:-42"));
+        let cfg = backend.config().clone().with_advisory_keys(true);
+        let opted = PostgresBackend::new(cfg);
+        assert_eq!(opted.lock_id(&numeric), -42);
+        assert_eq!(opted.lock_id(&numeric), -42);
+        let from_url =
+            PostgresConfig::from_url("postgres://u@127.0.0.1/db?advisory_keys=true").unwrap();
+        assert!(from_url.advisory_keys());
     }
 }

@@ -8,8 +8,9 @@ use redis::{ConnectionInfo, IntoConnectionInfo, ProtocolVersion};
 
 use crate::keys::{DEFAULT_PREFIX, check_prefix};
 use crate::options::{
-    CA, CONNECT_TIMEOUT_MS, FAIR_QUEUE_MS, FENCE_TTL_MS, MIN_VALIDITY_MS, NODE_TIMEOUT_MS, PREFIX,
-    REDIS_OPTIONS, REDLOCK_OPTIONS, RESPONSE_TIMEOUT_MS, UrlOptions, WAIT_INITIAL_MS, WAIT_MAX_MS,
+    ALLOW_PLAINTEXT_PASSWORD, CA, CONNECT_TIMEOUT_MS, FAIR_QUEUE_MS, FENCE_TTL_MS, MIN_VALIDITY_MS,
+    NODE_TIMEOUT_MS, PREFIX, REDIS_OPTIONS, REDLOCK_OPTIONS, RESPONSE_TIMEOUT_MS, UrlOptions,
+    WAIT_INITIAL_MS, WAIT_MAX_MS,
 };
 
 /// Every URL scheme of this driver: [`RedisBackend`](crate::RedisBackend) on one server
@@ -43,6 +44,13 @@ pub(crate) fn install_crypto_provider() {
 }
 
 /// Reads a PEM CA file for `rediss://` connections.
+/// The `allow_plaintext_password` option (default `true`: warn only).
+fn plaintext_allowed(backend: &'static str, o: &UrlOptions) -> Result<bool, Error> {
+    o.get(ALLOW_PLAINTEXT_PASSWORD).map_or(Ok(true), |v| {
+        leasehold_core::transport::parse_allow_plaintext(backend, v)
+    })
+}
+
 fn read_ca(backend: &'static str, path: &std::path::Path) -> Result<Vec<u8>, Error> {
     std::fs::read(path).map_err(|e| {
         invalid(
@@ -81,6 +89,24 @@ impl Server {
             info,
             redacted,
         })
+    }
+
+    /// Before a password goes to this server without TLS: warns, or refuses unless `allow`,
+    /// when the server is not on loopback (see [`leasehold_core::transport`]). Unix sockets
+    /// and TLS connections pass.
+    pub(crate) fn check_plaintext(&self, backend: &'static str, allow: bool) -> Result<(), Error> {
+        let settings = self.info.redis_settings();
+        match self.info.addr() {
+            redis::ConnectionAddr::Tcp(host, _) if settings.password().is_some() => {
+                leasehold_core::transport::check_plaintext_password(
+                    backend,
+                    host,
+                    "a Redis password over redis:// without TLS",
+                    allow,
+                )
+            }
+            _ => Ok(()),
+        }
     }
 
     /// Whether the URL asks for TLS (`rediss://`).
@@ -138,6 +164,16 @@ pub(crate) enum Deployment {
 }
 
 impl Deployment {
+    /// [`Server::check_plaintext`] of every server.
+    fn check_plaintext(&self, allow: bool) -> Result<(), Error> {
+        match self {
+            Self::Server(s) => s.check_plaintext(REDIS, allow),
+            Self::Cluster(seeds) => seeds
+                .iter()
+                .try_for_each(|s| s.check_plaintext(REDIS, allow)),
+        }
+    }
+
     fn redacted(&self) -> String {
         match self {
             Self::Server(s) => s.redacted.clone(),
@@ -169,11 +205,7 @@ fn split_hosts(backend: &'static str, url: &str, scheme: &str) -> Result<Vec<Str
         )
     })?;
     // The seeds of `rediss-cluster://` speak TLS.
-    let seed = if scheme.starts_with("rediss") {
-        "rediss"
-    } else {
-        "redis"
-    };
+    let seed = scheme.strip_suffix("-cluster://").unwrap_or("redis");
     let hosts_end = rest.find(['/', '?']).unwrap_or(rest.len());
     let (authority, tail) = rest.split_at(hosts_end);
     let (userinfo, hosts) = match authority.rfind('@') {
@@ -235,6 +267,7 @@ impl RedisConfig {
     /// | `connect_timeout_ms=N`, `response_timeout_ms=N` | [`with_timeouts`](Self::with_timeouts) |
     /// | `wait_initial_ms=N`, `wait_max_ms=N` | [`with_wait_backoff`](Self::with_wait_backoff) |
     /// | `fence_ttl_ms=N` | [`with_fence_ttl`](Self::with_fence_ttl) |
+    /// | `allow_plaintext_password=false` | refuse a password sent without TLS (`redis://`) to a server that is not loopback; by default that only logs a warning (see [`leasehold_core::transport`]) |
     pub fn from_url(url: &str) -> Result<Self, Error> {
         let (url, options) = UrlOptions::take(REDIS, url, REDIS_OPTIONS)?;
         let url = url.as_str();
@@ -250,6 +283,7 @@ impl RedisConfig {
         } else {
             Deployment::Server(Box::new(Server::parse(REDIS, url)?))
         };
+        deployment.check_plaintext(plaintext_allowed(REDIS, &options)?)?;
         Self::with_deployment(deployment).with_url_options(&options)
     }
 
@@ -299,7 +333,9 @@ impl RedisConfig {
                 "a Redis Cluster needs at least one seed node",
             ));
         }
-        Ok(Self::with_deployment(Deployment::Cluster(seeds)))
+        let deployment = Deployment::Cluster(seeds);
+        deployment.check_plaintext(true)?;
+        Ok(Self::with_deployment(deployment))
     }
 
     fn with_deployment(deployment: Deployment) -> Self {
@@ -328,24 +364,6 @@ impl RedisConfig {
     /// roots). The server's certificate must name the host of the URL.
     pub fn with_tls_ca_file(mut self, path: impl AsRef<std::path::Path>) -> Result<Self, Error> {
         self.tls_ca = Some(read_ca(REDIS, path.as_ref())?);
-        Ok(self)
-    }
-
-    /// Opt-in: each key's fence counter expires `ttl` after the key's latest acquisition, so
-    /// that keys no longer used leave nothing behind (by default a counter is kept for ever;
-    /// see "What keys leave behind" in the [crate docs](crate)). A counter that starts again
-    /// starts at the server's clock in microseconds, so tokens still increase across the
-    /// expiry as long as the server's clock never steps back by more than `ttl`: choose it well
-    /// above any clock step (an hour or a day). Every client of the keys must use the option
-    /// (one without it restarts an expired counter at 1). At least 1 s.
-    pub fn with_fence_ttl(mut self, ttl: Duration) -> Result<Self, Error> {
-        if ttl < Duration::from_secs(1) {
-            return Err(invalid(
-                REDIS,
-                format!("fence counter expiry {ttl:?} is below the minimum of 1s"),
-            ));
-        }
-        self.fence_ttl = Some(ttl);
         Ok(self)
     }
 
@@ -416,6 +434,16 @@ impl RedlockConfig {
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
+        Self::from_urls_checked(urls, true)
+    }
+
+    /// [`from_urls`](Self::from_urls), refusing a password in clear to a remote node unless
+    /// `allow_plaintext` (warning otherwise).
+    fn from_urls_checked<I, S>(urls: I, allow_plaintext: bool) -> Result<Self, Error>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
         let servers = urls
             .into_iter()
             .map(|u| Server::parse(REDLOCK, u.as_ref()))
@@ -429,6 +457,9 @@ impl RedlockConfig {
                     servers.len()
                 ),
             ));
+        }
+        for server in &servers {
+            server.check_plaintext(REDLOCK, allow_plaintext)?;
         }
         for (i, a) in servers.iter().enumerate() {
             if let Some(b) = servers[..i].iter().find(|b| {
@@ -464,9 +495,11 @@ impl RedlockConfig {
     /// | `node_timeout_ms=N` | [`with_node_timeout`](Self::with_node_timeout) |
     /// | `connect_timeout_ms=N` | [`with_connect_timeout`](Self::with_connect_timeout) |
     /// | `min_validity_ms=N` | [`with_min_validity`](Self::with_min_validity) |
+    /// | `allow_plaintext_password=false` | refuse a password sent without TLS to a node that is not loopback (by default: a warning, per node) |
     pub fn from_url(url: &str) -> Result<Self, Error> {
         let (url, o) = UrlOptions::take(REDLOCK, url, REDLOCK_OPTIONS)?;
-        let mut config = Self::from_urls(split_hosts(REDLOCK, &url, "redlock://")?)?;
+        let allow = plaintext_allowed(REDLOCK, &o)?;
+        let mut config = Self::from_urls_checked(split_hosts(REDLOCK, &url, "redlock://")?, allow)?;
         if let Some(prefix) = o.get(PREFIX) {
             config = config.with_prefix(prefix)?;
         }

@@ -144,7 +144,10 @@
 //! - On failure, every node gets a compare-and-delete, including those that timed out; a request
 //!   still in flight gets its release when it completes. Node requests run in spawned tasks, so
 //!   a dropped acquire future still gives back what it took.
-//! - Extend re-arms all nodes, and sets the key again on a node that lost it.
+//! - Extend re-arms, on every node, the key that still holds our owner value (compare and
+//!   `PEXPIRE`), and never sets a missing key again: an extend still in flight when the lease
+//!   is released (both go to every node, in any order) cannot bring the lock back. A node that
+//!   restarted empty stays without our key, and the extend needs a majority of the others.
 //! - Nodes connect lazily: a node that is down does not stop the backend, and is used again when
 //!   it returns.
 //!
@@ -167,6 +170,7 @@
 //! passed (it is gone by then). Other server errors are `Backend` errors, never retried.
 
 mod config;
+mod fence;
 mod keys;
 mod node;
 mod options;

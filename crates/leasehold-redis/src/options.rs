@@ -20,6 +20,7 @@ pub(crate) const REDIS_OPTIONS: &[&str] = &[
     WAIT_INITIAL_MS,
     WAIT_MAX_MS,
     FENCE_TTL_MS,
+    ALLOW_PLAINTEXT_PASSWORD,
 ];
 
 /// Options of `redlock://` URLs.
@@ -29,6 +30,7 @@ pub(crate) const REDLOCK_OPTIONS: &[&str] = &[
     NODE_TIMEOUT_MS,
     CONNECT_TIMEOUT_MS,
     MIN_VALIDITY_MS,
+    ALLOW_PLAINTEXT_PASSWORD,
 ];
 
 pub(crate) const PREFIX: &str = "prefix";
@@ -41,6 +43,8 @@ pub(crate) const WAIT_MAX_MS: &str = "wait_max_ms";
 pub(crate) const NODE_TIMEOUT_MS: &str = "node_timeout_ms";
 pub(crate) const MIN_VALIDITY_MS: &str = "min_validity_ms";
 pub(crate) const FENCE_TTL_MS: &str = "fence_ttl_ms";
+pub(crate) const ALLOW_PLAINTEXT_PASSWORD: &str =
+    leasehold_core::transport::ALLOW_PLAINTEXT_PASSWORD;
 
 /// The options taken out of one URL, percent-decoded.
 pub(crate) struct UrlOptions {

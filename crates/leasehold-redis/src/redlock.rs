@@ -429,6 +429,10 @@ async fn give_back(node: &Node, names: &Names, owner: &Owner, bound: Duration) {
 
 #[async_trait]
 impl LockBackend for RedlockBackend {
+    leasehold_core::refuse_primitives!(
+        "a majority of independent nodes keeps no count (A and B on one node, B and C on another, A and C on a third) and mints no term"
+    );
+
     fn capabilities(&self) -> Capabilities {
         CAPABILITIES
     }
@@ -477,8 +481,9 @@ impl LockBackend for RedlockBackend {
         let per_node = self.node_timeout(ttl);
         let mut rx = self.spawn_all(per_node, Self::release_bound(ttl), |node| {
             let (names, owner) = (Arc::clone(&names), owner.clone());
-            // A node that lost the key (restarted empty) gets it set again with our value.
-            async move { node.extend(&names, &owner, ttl, true).await }
+            // Compare-and-pexpire only: a missing key is never set again, so an extend that
+            // lands after a release (on any node) cannot bring the lock back.
+            async move { node.extend(&names, &owner, ttl, false).await }
         });
         let mut tally = self.tally("extend", "extended", "held by another owner");
         if tally.until_decided(&mut rx).await {
@@ -496,15 +501,15 @@ impl LockBackend for RedlockBackend {
         let Some(shortest) = reqs.iter().map(|r| r.ttl).min() else {
             return Vec::new();
         };
-        // Every node at once, each script call bounded by the per-node timeout; a node that
-        // lost a key (restarted empty) gets it set again with our value.
+        // Every node at once, each script call bounded by the per-node timeout. A key a node
+        // lost (restarted empty, or released meanwhile) is not set again: see `extend`.
         let per_node = self.node_timeout(shortest);
         let prefix = &self.inner.config.prefix;
         let answers = join_all(
             self.inner
                 .nodes
                 .iter()
-                .map(|node| extend_on(node, prefix, reqs, true, Some(per_node))),
+                .map(|node| extend_on(node, prefix, reqs, false, Some(per_node))),
         )
         .await;
         let mut by_node: Vec<_> = answers.into_iter().map(Vec::into_iter).collect();

@@ -108,11 +108,12 @@ return 0
     )
 });
 
-/// `KEYS[1..n]` locks; `ARGV[1]` `1` to set a key again when it is missing (Redlock: a node
-/// that restarted empty), then for lock `i` its owner `ARGV[2i]` and its ttl in ms
-/// `ARGV[2i+1]`.
-/// Re-arms each lock's TTL only if it holds its owner value. Returns one integer per lock, in
-/// order: 1 if extended (or set again), else 0. The renewal engine sends many locks at once;
+/// `KEYS[1..n]` locks; `ARGV[1]` unused (it once asked to set a missing key again), then for
+/// lock `i` its owner `ARGV[2i]` and its ttl in ms `ARGV[2i+1]`.
+/// Re-arms each lock's TTL only if it exists and holds its owner value: a missing key is never
+/// created, so an extend still in flight when the lease is released (Redlock sends both to
+/// every node, in any order) cannot bring the lock back. Returns one integer per lock, in
+/// order: 1 if extended, else 0. The renewal engine sends many locks at once;
 /// a single extend is the case n = 1.
 pub(crate) static EXTEND_MANY: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
@@ -143,14 +144,9 @@ return out
 });
 
 /// The compare-and-pexpire of one lock, shared by the batch scripts.
-const RENEW_FN: &str = r"local reset = ARGV[1] == '1'
-local function renew(key, owner, ttl)
-  local v = redis.call('GET', key)
-  if v == owner then
+const RENEW_FN: &str = r"local function renew(key, owner, ttl)
+  if redis.call('GET', key) == owner then
     return redis.call('PEXPIRE', key, ttl)
-  end
-  if (not v) and reset and redis.call('SET', key, owner, 'NX', 'PX', ttl) then
-    return 1
   end
   return 0
 end

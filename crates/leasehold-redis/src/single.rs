@@ -17,7 +17,8 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::config::{Deployment, REDIS as NAME, RedisConfig, invalid};
-use crate::node::{Connector, FenceExpiry, Node, Taken, names};
+use crate::fence::FenceExpiry;
+use crate::node::{Connector, Node, Taken, names};
 use crate::renew::extend_on;
 
 /// What single-node Redis guarantees and supports: a constant, as
@@ -350,6 +351,8 @@ impl Drop for Subscription {
 
 #[async_trait]
 impl LockBackend for RedisBackend {
+    leasehold_core::refuse_primitives!("not built yet");
+
     fn capabilities(&self) -> Capabilities {
         CAPABILITIES
     }

@@ -38,6 +38,8 @@ struct Broken {
 
 #[async_trait]
 impl LockBackend for Broken {
+    leasehold_core::refuse_primitives!("a test backend");
+
     fn capabilities(&self) -> Capabilities {
         // Poll, so the Locker goes through try_lock (where most faults live).
         let caps = self

@@ -122,6 +122,8 @@ fn down() -> Error {
 
 #[leasehold_core::async_trait]
 impl leasehold_core::LockBackend for Down {
+    leasehold_core::refuse_primitives!("a test backend");
+
     fn capabilities(&self) -> leasehold_core::Capabilities {
         leasehold_core::Capabilities::new(
             "down",

@@ -258,6 +258,8 @@ fn down() -> Error {
 
 #[async_trait]
 impl LockBackend for Unreachable {
+    leasehold_core::refuse_primitives!("a test backend");
+
     fn capabilities(&self) -> Capabilities {
         Capabilities::new("unreachable", SafetyClass::Efficiency, FencingKind::None)
     }

@@ -174,6 +174,8 @@ struct NoRenewal(MemoryBackend);
 
 #[async_trait]
 impl LockBackend for NoRenewal {
+    leasehold_core::refuse_primitives!("a test backend");
+
     fn capabilities(&self) -> Capabilities {
         self.0.capabilities().with_name("no-renewal")
     }

@@ -88,7 +88,8 @@ pub(super) async fn terminate(url: &str, key: &str) -> Result<(), BoxError> {
 /// Revokes the etcd lease of `key`'s holder (default prefix `leasehold/`).
 pub(super) async fn revoke(endpoints: &[String], key: &str) -> Result<(), BoxError> {
     let mut c = etcd_client::Client::connect(endpoints, None).await?;
-    let prefix = format!("{}{key}/", leasehold_etcd::DEFAULT_PREFIX);
+    let key = leasehold_core::LockKey::new(key)?;
+    let prefix = leasehold_etcd::lock_prefix(leasehold_etcd::DEFAULT_PREFIX, &key);
     let resp = c
         .get(
             prefix.as_str(),

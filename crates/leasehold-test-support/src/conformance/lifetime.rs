@@ -71,6 +71,8 @@ impl SlowAnswers {
 
 #[async_trait]
 impl LockBackend for SlowAnswers {
+    leasehold_core::refuse_primitives!("a test backend");
+
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities()
     }
