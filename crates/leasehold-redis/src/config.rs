@@ -266,8 +266,8 @@ impl RedisConfig {
     /// | `fair_queue_ms=GRACE` | [fair mode](Self::with_fair_queue), grace in ms (at least 100) |
     /// | `connect_timeout_ms=N`, `response_timeout_ms=N` | [`with_timeouts`](Self::with_timeouts) |
     /// | `wait_initial_ms=N`, `wait_max_ms=N` | [`with_wait_backoff`](Self::with_wait_backoff) |
-    /// | `fence_ttl_ms=N` | [`with_fence_ttl`](Self::with_fence_ttl) |
     /// | `allow_plaintext_password=false` | refuse a password sent without TLS (`redis://`) to a server that is not loopback; by default that only logs a warning (see [`leasehold_core::transport`]) |
+    /// | `fence_ttl_ms=N` | [`with_fence_ttl`](Self::with_fence_ttl) |
     pub fn from_url(url: &str) -> Result<Self, Error> {
         let (url, options) = UrlOptions::take(REDIS, url, REDIS_OPTIONS)?;
         let url = url.as_str();

@@ -19,8 +19,8 @@ pub(crate) const REDIS_OPTIONS: &[&str] = &[
     RESPONSE_TIMEOUT_MS,
     WAIT_INITIAL_MS,
     WAIT_MAX_MS,
-    FENCE_TTL_MS,
     ALLOW_PLAINTEXT_PASSWORD,
+    FENCE_TTL_MS,
 ];
 
 /// Options of `redlock://` URLs.
@@ -42,9 +42,9 @@ pub(crate) const WAIT_INITIAL_MS: &str = "wait_initial_ms";
 pub(crate) const WAIT_MAX_MS: &str = "wait_max_ms";
 pub(crate) const NODE_TIMEOUT_MS: &str = "node_timeout_ms";
 pub(crate) const MIN_VALIDITY_MS: &str = "min_validity_ms";
-pub(crate) const FENCE_TTL_MS: &str = "fence_ttl_ms";
 pub(crate) const ALLOW_PLAINTEXT_PASSWORD: &str =
     leasehold_core::transport::ALLOW_PLAINTEXT_PASSWORD;
+pub(crate) const FENCE_TTL_MS: &str = "fence_ttl_ms";
 
 /// The options taken out of one URL, percent-decoded.
 pub(crate) struct UrlOptions {
