@@ -215,11 +215,7 @@ fn split_hosts(backend: &'static str, url: &str, scheme: &str) -> Result<Vec<Str
         )
     })?;
     // The seeds of `rediss-cluster://` speak TLS.
-    let seed = if scheme.starts_with("rediss") {
-        "rediss"
-    } else {
-        "redis"
-    };
+    let seed = scheme.strip_suffix("-cluster://").unwrap_or("redis");
     let hosts_end = rest.find(['/', '?']).unwrap_or(rest.len());
     let (authority, tail) = rest.split_at(hosts_end);
     let (userinfo, hosts) = match authority.rfind('@') {
@@ -437,24 +433,6 @@ impl RedisConfig {
     /// roots). The server's certificate must name the host of the URL.
     pub fn with_tls_ca_file(mut self, path: impl AsRef<std::path::Path>) -> Result<Self, Error> {
         self.tls_ca = Some(read_ca(REDIS, path.as_ref())?);
-        Ok(self)
-    }
-
-    /// Opt-in: each key's fence counter expires `ttl` after the key's latest acquisition, so
-    /// that keys no longer used leave nothing behind (by default a counter is kept for ever;
-    /// see "What keys leave behind" in the [crate docs](crate)). A counter that starts again
-    /// starts at the server's clock in microseconds, so tokens still increase across the
-    /// expiry as long as the server's clock never steps back by more than `ttl`: choose it well
-    /// above any clock step (an hour or a day). Every client of the keys must use the option
-    /// (one without it restarts an expired counter at 1). At least 1 s.
-    pub fn with_fence_ttl(mut self, ttl: Duration) -> Result<Self, Error> {
-        if ttl < Duration::from_secs(1) {
-            return Err(invalid(
-                REDIS,
-                format!("fence counter expiry {ttl:?} is below the minimum of 1s"),
-            ));
-        }
-        self.fence_ttl = Some(ttl);
         Ok(self)
     }
 

@@ -11,6 +11,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::{Client, Cmd, FromRedisValue, Pipeline, RedisError, RedisFuture, Script, Value};
 use tokio::sync::OnceCell;
 
+use crate::fence::FenceExpiry;
 use crate::keys::Names;
 use crate::scripts::{ACQUIRE_FAIR, ACQUIRE_FENCED, EXTEND_MANY, EXTEND_MANY_CROSS_SLOT, RELEASE};
 use crate::sentinel::{SentinelConn, SentinelConnector};
@@ -425,18 +426,6 @@ pub(crate) fn redis_error(backend: &'static str, node: &str, e: &RedisError, op:
 }
 
 /// An `EVALSHA` of `script` with `keys` keys to follow, with room for them and `args` arguments.
-/// How long a fence counter lives: for ever (`None`), or this long after the latest
-/// acquisition of its key (`RedisConfig::with_fence_ttl`).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct FenceExpiry(pub(crate) Option<Duration>);
-
-impl FenceExpiry {
-    /// The scripts' argument: milliseconds, `0` for none.
-    fn arg(self) -> u64 {
-        self.0.map_or(0, ttl_ms)
-    }
-}
-
 fn evalsha(script: &Script, keys: usize, args: usize) -> Cmd {
     let mut cmd = Cmd::with_capacity(3 + keys + args, 64 + 64 * (keys + args));
     cmd.arg("EVALSHA").arg(script.get_hash()).arg(keys);

@@ -17,7 +17,8 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::config::{Deployment, REDIS as NAME, RedisConfig, invalid};
-use crate::node::{Connector, FenceExpiry, Node, Taken, names};
+use crate::fence::FenceExpiry;
+use crate::node::{Connector, Node, Taken, names};
 use crate::renew::extend_on;
 use crate::replica::{ReplicaSync, Source};
 use crate::sentinel::SentinelConnector;
