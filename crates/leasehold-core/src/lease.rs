@@ -50,6 +50,9 @@ struct Inner {
     released: AtomicBool,
     /// The lease's place in the renewal engine's queue, while it renews.
     watchdog: Mutex<Option<Ticket>>,
+    /// The latest instant a renewal request of the grant may still re-arm its TTL (the end, or
+    /// the bound, of the last batch or `extend` sent for it).
+    renewing_until: Mutex<Option<Instant>>,
 }
 
 impl Inner {
@@ -67,9 +70,24 @@ impl Inner {
     }
 
     /// How long a background release of this grant may go on, the grant last re-armed by a
-    /// request sent no later than `armed`.
+    /// request sent no later than `armed`, or by a renewal still under way then: the horizon
+    /// counts from the last request that could have armed the TTL.
     fn horizon(&self, armed: Instant) -> Horizon {
+        let renewing = *self
+            .renewing_until
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let armed = renewing.map_or(armed, |r| r.max(armed));
         Horizon::of(&self.caps, armed, self.ttl(), self.shared.drift())
+    }
+
+    /// A renewal request may re-arm the grant until `until`.
+    fn note_renewal(&self, until: Instant) {
+        let mut r = self
+            .renewing_until
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        *r = Some(r.map_or(until, |r| r.max(until)));
     }
 
     fn stop_watchdog(&self) {
@@ -98,6 +116,10 @@ impl Renewable for Inner {
 
     fn key(&self) -> &LockKey {
         &self.key
+    }
+
+    fn renewing(&self, until: Instant) {
+        self.note_renewal(until);
     }
 
     fn release_again(self: Arc<Self>) {
@@ -160,6 +182,7 @@ impl Lease {
                 ttl: Mutex::new(ttl),
                 released: AtomicBool::new(false),
                 watchdog: Mutex::new(None),
+                renewing_until: Mutex::new(None),
             }),
         }
     }
@@ -277,6 +300,8 @@ impl Lease {
         let span = tracing::debug_span!("leasehold.extend", backend = self.backend_name(), key = %self.inner.key);
         async {
             let started = Instant::now();
+            // Until it answers (or is dropped unanswered), this request may re-arm the grant.
+            let _sent = ExtendSent(&self.inner);
             let outcome = self
                 .inner
                 .backend
@@ -345,7 +370,8 @@ impl Lease {
         let name = self.backend_name();
         let span = tracing::debug_span!("leasehold.release", backend = name, key = %self.inner.key);
         async {
-            // No extend can be sent after this instant: the watchdog is stopped.
+            // No renewal is sent after this instant (the watchdog is stopped); one already under
+            // way moves the horizon on by itself (`renewing_until`).
             let armed = Instant::now();
             let inner = &*self.inner;
             let result =
@@ -419,6 +445,16 @@ impl Drop for Lease {
                 "lease dropped outside a Tokio runtime; the grant ends by its TTL or session"
             );
         }
+    }
+}
+
+/// An `extend` request under way: when it ends (answered, failed or dropped unanswered), the
+/// grant may have been re-armed until then.
+struct ExtendSent<'a>(&'a Inner);
+
+impl Drop for ExtendSent<'_> {
+    fn drop(&mut self) {
+        self.0.note_renewal(Instant::now());
     }
 }
 

@@ -79,6 +79,15 @@
 //!   lease's [lost signal](Lease::lost) fires: the holder is told, not left to find out on its
 //!   next write.
 //!
+//! # Tracing
+//!
+//! Every operation runs in a `tracing` span at DEBUG level, with the backend's name:
+//! `leasehold.try_acquire` and `leasehold.acquire` (and `key`), `leasehold.extend` and `leasehold.release` (and `key`),
+//! `leasehold.release.background` (a release retried in the background, a dropped lease's or
+//! an abandoned acquisition's) and `leasehold.renew_batch` (one batch of the renewal engine,
+//! and its `size`); each ends with a DEBUG event that says how it went and how long it took.
+//! Losses are WARN events (`leasehold.lost`). Metrics: the [`metrics`] module.
+//!
 //! # What this does not promise
 //!
 //! A lease can always be lost while its holder is paused; only a **fencing token** checked by

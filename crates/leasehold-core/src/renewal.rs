@@ -28,6 +28,7 @@ use rand::Rng as _;
 use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
+use tracing::Instrument as _;
 
 use crate::backend::LockBackendExt as _;
 use crate::backend::{ExtendRequest, Extended, Held, LockBackend};
@@ -53,6 +54,9 @@ pub(crate) trait Renewable: Send + Sync {
     fn status(&self) -> &Shared;
     /// The key, for logs.
     fn key(&self) -> &LockKey;
+    /// A renewal request for the grant is under way and may re-arm its TTL until `until` (the
+    /// instant its batch ends at the latest): a release's horizon counts from then.
+    fn renewing(&self, until: Instant);
     /// A renewal answered after the holder had let the lease go: it may have armed the grant
     /// again (a Redlock extend sets a missing key again), so the grant is released again, in
     /// the background.
@@ -250,8 +254,18 @@ impl Engine {
         }
     }
 
-    /// Renews `batch` in one call, then queues each lease again (or lets it go).
+    /// Renews `batch` in one call (in a span of its own), then queues each lease again (or
+    /// lets it go).
     async fn renew(self: Arc<Self>, batch: Vec<Member>) {
+        let span = tracing::debug_span!(
+            "leasehold.renew_batch",
+            backend = self.backend.name(),
+            size = batch.len()
+        );
+        self.renew_batch(batch).instrument(span).await;
+    }
+
+    async fn renew_batch(&self, batch: Vec<Member>) {
         let started = Instant::now();
         let ttls: Vec<Duration> = batch.iter().map(|m| m.lease.ttl()).collect();
         let reqs: Vec<ExtendRequest<'_>> = batch
@@ -260,6 +274,9 @@ impl Engine {
             .map(|(m, &ttl)| ExtendRequest::new(m.lease.held(), ttl, started))
             .collect();
         let bound = batch_bound(&batch, started);
+        for m in &batch {
+            m.lease.renewing(started + bound);
+        }
         let name = self.backend.name();
         let outcomes = match tokio::time::timeout(bound, self.backend.extend_many(&reqs)).await {
             Ok(out) if out.len() == reqs.len() => out,
@@ -279,6 +296,11 @@ impl Engine {
         drop(reqs);
         let failed = outcomes.iter().filter(|o| o.is_err()).count();
         metrics::renewal_batch(name, batch.len(), failed, started);
+        tracing::debug!(
+            failed,
+            elapsed_ms = started.elapsed().as_secs_f64() * 1e3,
+            "leasehold.renew_batch"
+        );
         let next: Vec<Next> = batch
             .iter()
             .zip(outcomes)

@@ -61,7 +61,10 @@
 //!   locks count, not only ours). When it is full, PostgreSQL
 //!   answers `out of shared memory` (SQLSTATE 53200) to every new lock on the server; the
 //!   backend reports it as `Unavailable` (retryable). Raise `max_locks_per_transaction` on a
-//!   server that must carry many locks.
+//!   server that must carry many locks (it takes a restart): one process holding 10,000 leases
+//!   needs 10,000 entries for itself, so on a default install (100 connections) a value of at
+//!   least 128 (12,800 entries) with room for every other session's locks. The test services
+//!   run 128 × 200 connections (25,600), which the `fleet` benchmark's 10,000 leases fit.
 //! - **Release checks its answer, and retries.** `pg_advisory_unlock` returns whether the
 //!   session held the lock; `false` is reported as "not held". A release whose connection
 //!   ended reports "not held" (the lock ended with the session). An unlock that fails while

@@ -64,7 +64,7 @@ impl Params {
 
 /// Every group name `--groups` accepts, in run order. The pinned groups run last, in a
 /// phase of their own (the CPU placement applies to them alone).
-pub(crate) const GROUPS: [&str; 17] = [
+pub(crate) const GROUPS: [&str; 18] = [
     "memory",
     "file",
     "redis",
@@ -80,6 +80,7 @@ pub(crate) const GROUPS: [&str; 17] = [
     "etcd",
     "etcd-cluster",
     "tower-layer",
+    "fleet",
     "postgres-tcp-pinned",
     "postgres-unix-pinned",
 ];
