@@ -129,7 +129,7 @@ impl EtcdBackend {
 
     /// The etcd key prefix under which `key`'s waiters live: `<prefix><key>/`.
     pub fn lock_prefix(&self, key: &LockKey) -> String {
-        format!("{}{}/", self.inner.config.prefix, key.as_str())
+        lock_prefix_of(&self.inner.config.prefix, key)
     }
 
     /// Deletes whatever key holds the owner value of an acquisition whose outcome the caller
@@ -332,4 +332,9 @@ impl LockBackend for EtcdBackend {
         }
         Ok(Some(info))
     }
+}
+
+/// The etcd key prefix under which `key`'s waiters live, under the configured `prefix`.
+pub(crate) fn lock_prefix_of(prefix: &str, key: &LockKey) -> String {
+    format!("{prefix}{}/", key.as_str())
 }
