@@ -473,4 +473,20 @@ mod tests {
         }
         assert_eq!(shell_quote("it's"), r"'it'\''s'");
     }
+
+    #[test]
+    fn socket_answers_read_back_as_one_line() {
+        for answer in [Answer::Released, Answer::NotHeld] {
+            assert_eq!(Answer::parse(&answer.line()), answer);
+        }
+        // A message with line breaks or tabs stays one answer, and stays an error.
+        let failed = Answer::Failed("timed out\nreleased\tx".to_owned());
+        assert!(!failed.line().contains('\n'));
+        assert_eq!(
+            Answer::parse(&failed.line()),
+            Answer::Failed("timed out released x".to_owned())
+        );
+        assert!(matches!(Answer::parse("released\tx"), Answer::Failed(_)));
+        assert!(matches!(Answer::parse(""), Answer::Failed(_)));
+    }
 }

@@ -515,8 +515,11 @@ fn parse_key_values(s: &str) -> Result<Vec<(String, String)>, Error> {
         }
         while chars.next_if(|c| c.is_whitespace()).is_some() {}
         if chars.next() != Some('=') {
+            // The text is not quoted: it may be a password written without its key (or a
+            // URL of another scheme, `user:password@host`).
             return Err(invalid(format!(
-                "invalid connection string: expected `=` after `{key}`"
+                "invalid connection string: expected `=` after key number {}",
+                out.len() + 1
             )));
         }
         while chars.next_if(|c| c.is_whitespace()).is_some() {}
@@ -582,6 +585,21 @@ mod tests {
         let dbg = format!("{c:?}");
         assert!(!dbg.contains("s3cr"), "{dbg}");
         Ok(())
+    }
+
+    /// Found by the `url` fuzz target: a URL of another scheme (or a password without its
+    /// key) read as `key = value` text was quoted whole in the error.
+    #[test]
+    fn a_malformed_key_value_string_is_not_quoted() {
+        for s in [
+            "redlock://user:Hx7SECRETq@\"\"#127.0.0.1:6379",
+            "user:Hx7SECRETq@db",
+            "host=h Hx7SECRETq",
+        ] {
+            let e = PostgresConfig::from_url(s).err().map(|e| format!("{e} {e:?}"));
+            let e = e.unwrap_or_default();
+            assert!(e.contains("expected `=`") && !e.contains("SECRET"), "{s}: {e}");
+        }
     }
 
     #[test]
