@@ -150,9 +150,10 @@ impl EtcdConfig {
         let tls = match scheme {
             "etcd" => false,
             "etcds" => true,
-            other => {
+            // The text is not quoted: before `://` may be anything, a password included.
+            _ => {
                 return Err(invalid(format!(
-                    "unknown scheme {other:?}; expected one of {SCHEMES:?}"
+                    "not an etcd URL: the scheme must be one of {SCHEMES:?}"
                 )));
             }
         };
@@ -435,6 +436,19 @@ mod tests {
             "{dbg}"
         );
         assert!(dbg.contains(MASK), "{dbg}");
+    }
+
+    #[test]
+    fn a_foreign_scheme_is_not_quoted() {
+        // Found by the `url` fuzz target: the text before `://` was quoted whole.
+        let e = EtcdConfig::from_url("user:Hx7SECRETq@h://x")
+            .err()
+            .map(|e| format!("{e} {e:?}"))
+            .unwrap_or_default();
+        assert!(
+            e.contains("not an etcd URL") && !e.contains("SECRET"),
+            "{e}"
+        );
     }
 
     #[test]

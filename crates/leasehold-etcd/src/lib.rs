@@ -174,3 +174,21 @@ fn open(target: &Target<'_>) -> Result<Opening, Error> {
     let config = target.prefixed(EtcdConfig::from_url(target.url)?, |c, p| c.with_prefix(p))?;
     Ok(connecting(EtcdBackend::connect(config)))
 }
+
+#[doc(hidden)]
+pub mod fuzzing {
+    //! Internal entry points for the fuzz targets in `fuzz/`; not part of the API.
+
+    use leasehold_core::LockKey;
+
+    /// The etcd key prefix of `key`'s lock under `prefix`, as
+    /// [`EtcdBackend::lock_prefix`](crate::EtcdBackend::lock_prefix) names it.
+    pub fn lock_prefix(prefix: &str, key: &LockKey) -> String {
+        crate::lock_prefix(prefix, key)
+    }
+
+    /// The key a waiter with session lease `lease` writes under a lock's prefix.
+    pub fn waiter_key(lock_prefix: &str, lease: i64) -> Vec<u8> {
+        crate::client::waiter_key(lock_prefix.as_bytes(), lease)
+    }
+}

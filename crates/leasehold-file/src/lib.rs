@@ -454,6 +454,16 @@ fn file_name(key: &LockKey) -> String {
     name
 }
 
+#[doc(hidden)]
+pub mod fuzzing {
+    //! Internal entry points for the fuzz targets in `fuzz/`; not part of the API.
+
+    /// The file name of `key`, without extension (see "Key mapping" in the crate docs).
+    pub fn file_name(key: &leasehold_core::LockKey) -> String {
+        super::file_name(key)
+    }
+}
+
 /// Opens and locks `lock`; `None` if another holder has it. Retries when the file locked is no
 /// longer the one at the path (deleted or replaced meanwhile).
 fn take(lock: &Path, sharing: Sharing) -> io::Result<Option<(File, (u64, u64))>> {

@@ -107,13 +107,8 @@ impl PostgresBackend {
         if let Some(id) = self.shared.ids().get(key) {
             return *id;
         }
-        let prefix = &self.shared.pool.cfg.prefix;
-        let explicit = explicit_key(key).filter(|_| self.shared.pool.cfg.advisory_keys);
-        let id = match explicit {
-            Some(id) => id,
-            None if prefix.is_empty() => advisory_key(key.as_str()),
-            None => advisory_key(&format!("{prefix}{}", key.as_str())),
-        };
+        let cfg = &self.shared.pool.cfg;
+        let id = derive_id(&cfg.prefix, cfg.advisory_keys, key);
         let mut ids = self.shared.ids();
         if ids.len() >= ID_CACHE {
             ids.clear();
@@ -305,7 +300,17 @@ enum TryOutcome {
     Busy(Option<Gate>),
 }
 
-fn positive(token: i64) -> Result<FencingToken, Error> {
+/// The advisory-lock key of `key` under `prefix` (see "Key mapping" in the crate docs).
+pub(crate) fn derive_id(prefix: &str, advisory_keys: bool, key: &LockKey) -> i64 {
+    match explicit_key(key).filter(|_| advisory_keys) {
+        Some(id) => id,
+        None if prefix.is_empty() => advisory_key(key.as_str()),
+        None => advisory_key(&format!("{prefix}{}", key.as_str())),
+    }
+}
+
+/// The fencing token of a value the fence sequence returned: positive, or an error.
+pub(crate) fn positive(token: i64) -> Result<FencingToken, Error> {
     match u64::try_from(token) {
         Ok(t) if t > 0 => Ok(FencingToken::new(t)),
         // The caller's guards close or unlock the session, which drops the lock just taken.

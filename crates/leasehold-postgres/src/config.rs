@@ -504,6 +504,26 @@ mod tests {
         Ok(())
     }
 
+    /// Found by the `url` fuzz target: a URL of another scheme (or a password without its
+    /// key) read as `key = value` text was quoted whole in the error.
+    #[test]
+    fn a_malformed_key_value_string_is_not_quoted() {
+        for s in [
+            "redlock://user:Hx7SECRETq@\"\"#127.0.0.1:6379",
+            "user:Hx7SECRETq@db",
+            "host=h Hx7SECRETq",
+        ] {
+            let e = PostgresConfig::from_url(s)
+                .err()
+                .map(|e| format!("{e} {e:?}"));
+            let e = e.unwrap_or_default();
+            assert!(
+                e.contains("expected `=`") && !e.contains("SECRET"),
+                "{s}: {e}"
+            );
+        }
+    }
+
     #[test]
     fn key_values_and_unix_socket() -> Result<(), Error> {
         let c = PostgresConfig::from_url(

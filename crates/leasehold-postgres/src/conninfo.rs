@@ -101,8 +101,11 @@ fn parse_key_values(s: &str) -> Result<Vec<(String, String)>, Error> {
         }
         while chars.next_if(|c| c.is_whitespace()).is_some() {}
         if chars.next() != Some('=') {
+            // The text is not quoted: it may be a password written without its key (or a
+            // URL of another scheme, `user:password@host`).
             return Err(invalid(format!(
-                "invalid connection string: expected `=` after `{key}`"
+                "invalid connection string: expected `=` after key number {}",
+                out.len() + 1
             )));
         }
         while chars.next_if(|c| c.is_whitespace()).is_some() {}

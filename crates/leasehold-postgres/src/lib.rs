@@ -273,3 +273,22 @@ fn open(target: &Target<'_>) -> Result<Opening, Error> {
     let config = target.prefixed(config, |c, p| c.with_prefix(p))?;
     Ok(connecting(PostgresBackend::connect(config)))
 }
+
+#[doc(hidden)]
+pub mod fuzzing {
+    //! Internal entry points for the fuzz targets in `fuzz/`; not part of the API.
+
+    use leasehold_core::LockKey;
+
+    /// The advisory-lock key of `key` under `prefix` (with `advisory:<n>` keys taken as
+    /// written when `advisory_keys`), as
+    /// [`PostgresBackend::lock_id`](crate::PostgresBackend::lock_id) derives it.
+    pub fn lock_id(prefix: &str, advisory_keys: bool, key: &LockKey) -> i64 {
+        crate::backend::derive_id(prefix, advisory_keys, key)
+    }
+
+    /// The fencing token of a value read from the fence sequence's row, if it is one.
+    pub fn token(value: i64) -> Option<u64> {
+        crate::backend::positive(value).ok().map(|t| t.get())
+    }
+}

@@ -60,7 +60,12 @@ fn read_ca(backend: &'static str, path: &std::path::Path) -> Result<Vec<u8>, Err
     std::fs::read(path).map_err(|e| {
         invalid(
             backend,
-            format!("cannot read the TLS CA file {}: {e}", path.display()),
+            // Through `redact`: the path is a URL option's value, where the rest of the
+            // query can hide (`?ca=/x?password=…`).
+            format!(
+                "cannot read the TLS CA file {}: {e}",
+                redact(&path.display().to_string())
+            ),
         )
     })
 }
@@ -657,6 +662,16 @@ impl RedlockConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Found by the `url` fuzz target: a CA path holding the rest of the query was shown.
+    #[test]
+    fn an_unreadable_ca_file_is_named_without_secrets() {
+        let e = RedisConfig::from_url("rediss://h?ca=/nonexistent?password=Hx7SECRETq")
+            .err()
+            .map(|e| format!("{e} {e:?}"))
+            .unwrap_or_default();
+        assert!(e.contains("CA file") && !e.contains("SECRET"), "{e}");
+    }
 
     #[test]
     fn passwords_never_show() {

@@ -255,3 +255,45 @@ fn open(target: &Target<'_>) -> Result<Opening, Error> {
     let config = target.prefixed(RedisConfig::from_url(target.url)?, |c, p| c.with_prefix(p))?;
     Ok(connecting(RedisBackend::connect(config)))
 }
+
+#[doc(hidden)]
+pub mod fuzzing {
+    //! Internal entry points for the fuzz targets in `fuzz/`; not part of the API.
+
+    use leasehold_core::{FencingToken, LockKey};
+    use redis::Value;
+
+    /// The Redis names of a lock under `prefix`: the lock, its fence counter, its wake-up
+    /// channel, its fair queue and its waiters.
+    pub fn names(prefix: &str, key: &LockKey) -> [String; 5] {
+        let n = crate::keys::Names::new(prefix, key);
+        [
+            n.lock().to_owned(),
+            n.fence().to_string(),
+            n.channel().to_string(),
+            n.queue().to_string(),
+            n.waiters().to_string(),
+        ]
+    }
+
+    /// Decodes the RESP bytes `resp` as every reply the driver reads from a server (script
+    /// answers, `inspect`'s pipeline, `CLUSTER SLOTS`); `false` if they are not one RESP value.
+    pub fn replies(resp: &[u8]) -> bool {
+        let Ok(v) = redis::parse_redis_value(resp) else {
+            return false;
+        };
+        let token = redis::from_redis_value_ref::<Option<u64>>(&v);
+        let _ = token.map(|t| t.map(FencingToken::new));
+        let _ = redis::from_redis_value_ref::<i64>(&v).map(|n| n == 1);
+        let _ = redis::from_redis_value_ref::<Vec<i64>>(&v);
+        let inspect = redis::from_redis_value_ref::<(Option<String>, i64, Option<u64>)>(&v);
+        let _ = inspect.map(|(_, pttl, _)| crate::node::remaining(pttl));
+        if let Ok(ranges) = redis::from_redis_value_ref::<Vec<Value>>(&v) {
+            let _ = ranges
+                .iter()
+                .map(crate::node::slot_range)
+                .collect::<Option<Vec<_>>>();
+        }
+        true
+    }
+}

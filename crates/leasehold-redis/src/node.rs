@@ -294,22 +294,9 @@ impl Node {
             .query_async(&mut conn)
             .await
             .map_err(|e| self.error(&e, "cluster slots"))?;
-        let range = |v: &Value| -> Option<(u16, u16, String)> {
-            let Value::Array(r) = v else { return None };
-            let int = |v: Option<&Value>| match v {
-                Some(Value::Int(n)) => u16::try_from(*n).ok(),
-                _ => None,
-            };
-            let Some(Value::Array(master)) = r.get(2) else {
-                return None;
-            };
-            let host: String = redis::from_redis_value_ref(master.first()?).ok()?;
-            let port = int(master.get(1))?;
-            Some((int(r.first())?, int(r.get(1))?, format!("{host}:{port}")))
-        };
         ranges
             .iter()
-            .map(range)
+            .map(slot_range)
             .collect::<Option<Vec<_>>>()
             .ok_or_else(|| {
                 Error::new(
@@ -333,10 +320,7 @@ impl Node {
             .query_async(&mut conn)
             .await
             .map_err(|e| self.error(&e, "inspect"))?;
-        Ok(owner.map(|o| {
-            let remaining = u64::try_from(pttl).ok().map(Duration::from_millis);
-            (Owner::from_raw(o), remaining, fence)
-        }))
+        Ok(owner.map(|o| (Owner::from_raw(o), remaining(pttl), fence)))
     }
 
     /// Subscribes the shared connection to a wake-up channel (RESP3 push; sharded pub/sub on a
@@ -430,6 +414,27 @@ fn evalsha(script: &Script, keys: usize, args: usize) -> Cmd {
     let mut cmd = Cmd::with_capacity(3 + keys + args, 64 + 64 * (keys + args));
     cmd.arg("EVALSHA").arg(script.get_hash()).arg(keys);
     cmd
+}
+
+/// What a `PTTL` answer says is left of a lock's TTL (`None`: no TTL, or no key).
+pub(crate) fn remaining(pttl: i64) -> Option<Duration> {
+    u64::try_from(pttl).ok().map(Duration::from_millis)
+}
+
+/// One entry of a `CLUSTER SLOTS` answer: its first and last slot and its master's
+/// `host:port`; `None` for an answer of another shape.
+pub(crate) fn slot_range(v: &Value) -> Option<(u16, u16, String)> {
+    let Value::Array(r) = v else { return None };
+    let int = |v: Option<&Value>| match v {
+        Some(Value::Int(n)) => u16::try_from(*n).ok(),
+        _ => None,
+    };
+    let Some(Value::Array(master)) = r.get(2) else {
+        return None;
+    };
+    let host: String = redis::from_redis_value_ref(master.first()?).ok()?;
+    let port = int(master.get(1))?;
+    Some((int(r.first())?, int(r.get(1))?, format!("{host}:{port}")))
 }
 
 /// Runs an `EVALSHA` built by [`evalsha`]; on `NOSCRIPT` (a restarted or flushed server) loads
