@@ -4,7 +4,7 @@
 //! A holder's state file `<runtime dir>/<pid>.state` holds `KEY='value'` lines (see [`State`]);
 //! its socket `<runtime dir>/<pid>.sock` answers a `release` line with `released`, `not-held`
 //! or `error\t<message>`. Records of lost holds and dead holders stay until their `release`
-//! consumes them (a later `acquire` of the same lock sweeps those older than [`STALE_AFTER`]);
+//! consumes them (a later `acquire` of the same lock sweeps those older than a day);
 //! a holder never removes another's record.
 
 use std::fs;
@@ -334,7 +334,7 @@ pub fn alive(pid: u32) -> bool {
 }
 
 /// Removes the records of holds of `key` at `location` that were lost, or whose holder died,
-/// more than [`STALE_AFTER`] ago (nobody called `release` for them).
+/// more than a day ago (nobody called `release` for them).
 pub fn sweep_stale(dir: &Path, key: &str, location: &str, except: &Path) {
     let now = SystemTime::now();
     for (path, old) in states(dir) {
