@@ -191,4 +191,14 @@ pub mod fuzzing {
     pub fn waiter_key(lock_prefix: &str, lease: i64) -> Vec<u8> {
         crate::client::waiter_key(lock_prefix.as_bytes(), lease)
     }
+
+    /// A lease TTL (seconds) as a server granted it, if the driver accepts it.
+    pub fn lease_ttl(ttl: i64) -> Option<std::time::Duration> {
+        crate::session::granted_ttl(ttl).ok()
+    }
+
+    /// The fencing token of a key created at revision `rev`, if the driver accepts it.
+    pub fn token(rev: i64) -> Option<u64> {
+        crate::client::token(rev).ok().map(|t| t.get())
+    }
 }
