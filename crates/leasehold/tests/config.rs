@@ -31,6 +31,9 @@ fn sample(scheme: &str) -> String {
         "unix" => "unix:///tmp/redis.sock".into(),
         "redis-cluster" => "redis-cluster://127.0.0.1:7000,127.0.0.1:7001".into(),
         "rediss-cluster" => "rediss-cluster://127.0.0.1:7000,127.0.0.1:7001".into(),
+        "redis+sentinel" | "rediss+sentinel" => {
+            format!("{scheme}://127.0.0.1:26379,127.0.0.1:26380/leasehold")
+        }
         "redlock" => "redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3".into(),
         "postgres" | "postgresql" => format!("{scheme}://u:p@127.0.0.1:5432/db"),
         "etcd" => format!("{scheme}://127.0.0.1:2379"),
