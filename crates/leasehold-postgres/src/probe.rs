@@ -16,6 +16,9 @@ pub(crate) struct Statements {
     pub(crate) nextval: Statement,
     /// `SELECT 1`
     pub(crate) ping: Statement,
+    /// `SELECT CASE WHEN pg_try_advisory_lock($1::int4, $2::int4) THEN nextval('<seq>') END`,
+    /// sent unprepared (elections only).
+    pub(crate) try_pair: String,
 }
 
 /// A probe that does not keep the session's connection open: a session's watcher holds this,

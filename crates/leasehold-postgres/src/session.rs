@@ -11,6 +11,7 @@ use tokio_postgres::{CancelToken, Client, NoTls, Socket};
 
 use crate::config::PostgresConfig;
 use crate::error::{connect_error, pg_error};
+use crate::key::AdvisoryId;
 use crate::probe::{Probe, Statements, WeakProbe};
 use crate::tls::Tls;
 use crate::watch::Watcher;
@@ -92,6 +93,10 @@ impl Session {
             "SELECT CASE WHEN pg_try_advisory_lock($1::bigint) THEN nextval('{}') END",
             seq_sql.replace('\'', "''")
         );
+        let try_pair = format!(
+            "SELECT CASE WHEN pg_try_advisory_lock($1::int4, $2::int4) THEN nextval('{}') END",
+            seq_sql.replace('\'', "''")
+        );
         let nextval_sql = format!("SELECT nextval('{}')", seq_sql.replace('\'', "''"));
         let (try_lock, unlock, nextval, ping) = tokio::try_join!(
             client.prepare(&try_sql),
@@ -107,11 +112,17 @@ impl Session {
                 unlock,
                 nextval,
                 ping,
+                try_pair,
             }),
             closed,
             tls,
             watcher: None,
         })
+    }
+
+    /// The connection, for the election table's statements.
+    pub(crate) fn client(&self) -> &Client {
+        &self.client
     }
 
     pub(crate) fn is_closed(&self) -> bool {
@@ -145,8 +156,17 @@ impl Session {
     }
 
     /// One round trip: the lock if free, with its fencing token; `None` if held elsewhere.
-    pub(crate) async fn try_lock(&self, id: i64) -> Result<Option<i64>, tokio_postgres::Error> {
-        let row = self.client.query_one(&self.stmts.try_lock, &[&id]).await?;
+    pub(crate) async fn try_lock(
+        &self,
+        id: AdvisoryId,
+    ) -> Result<Option<i64>, tokio_postgres::Error> {
+        let row = match id {
+            AdvisoryId::Big(id) => self.client.query_one(&self.stmts.try_lock, &[&id]).await?,
+            AdvisoryId::Pair(a, b) => {
+                let sql = self.stmts.try_pair.as_str();
+                self.client.query_one(sql, &[&a, &b]).await?
+            }
+        };
         row.try_get::<_, Option<i64>>(0)
     }
 
@@ -159,7 +179,7 @@ impl Session {
     /// lock, once granted, outlives the implicit transaction.
     pub(crate) async fn wait_lock(
         &self,
-        id: i64,
+        id: AdvisoryId,
         timeout_ms: u64,
     ) -> Result<(), tokio_postgres::Error> {
         // lock_timeout = 0 would mean "no timeout": never send it.
@@ -176,22 +196,31 @@ impl Session {
     }
 
     /// `pg_advisory_unlock`: `true` if this session held the lock.
-    pub(crate) async fn unlock(&self, id: i64) -> Result<bool, tokio_postgres::Error> {
-        let row = self.client.query_one(&self.stmts.unlock, &[&id]).await?;
+    pub(crate) async fn unlock(&self, id: AdvisoryId) -> Result<bool, tokio_postgres::Error> {
+        let row = match id {
+            AdvisoryId::Big(id) => self.client.query_one(&self.stmts.unlock, &[&id]).await?,
+            AdvisoryId::Pair(a, b) => {
+                let sql = "SELECT pg_advisory_unlock($1::int4, $2::int4)";
+                self.client.query_one(sql, &[&a, &b]).await?
+            }
+        };
         row.try_get::<_, bool>(0)
     }
 
     /// Runs `SELECT pid FROM pg_locks …` for the holder of `id` (any session).
-    pub(crate) async fn holder_pid(&self, id: i64) -> Result<Option<i32>, tokio_postgres::Error> {
-        let (classid, objid) = crate::key::pg_locks_ids(id);
+    pub(crate) async fn holder_pid(
+        &self,
+        id: AdvisoryId,
+    ) -> Result<Option<i32>, tokio_postgres::Error> {
+        let (classid, objid, objsubid) = id.pg_locks();
         let row = self
             .client
             .query_opt(
                 "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted \
                  AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
-                 AND classid = $1 AND objid = $2 AND objsubid = 1 AND mode = 'ExclusiveLock' \
+                 AND classid = $1 AND objid = $2 AND objsubid = $3 AND mode = 'ExclusiveLock' \
                  LIMIT 1",
-                &[&classid, &objid],
+                &[&classid, &objid, &objsubid],
             )
             .await?;
         row.map(|r| r.try_get::<_, Option<i32>>(0))
@@ -244,7 +273,7 @@ mod tests {
         let (ready, seq) = (OnceCell::new(), cfg.fence_sequence_sql());
         let a = Session::open(&cfg, &seq, &ready).await.unwrap();
         let b = Session::open(&cfg, &seq, &ready).await.unwrap();
-        let id: i64 = rand::random();
+        let id = AdvisoryId::Big(rand::random());
         assert!(b.try_lock(id).await.unwrap().is_some());
         assert_eq!(a.show("lock_timeout").await.unwrap(), "0");
 
