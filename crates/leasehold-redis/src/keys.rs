@@ -25,6 +25,8 @@ const FENCE: &str = ":fence";
 const CHANNEL: &str = ":released";
 const QUEUE: &str = ":queue";
 const WAITERS: &str = ":waiters";
+const ELECT: &str = ":elect";
+const LEADER: &str = ":leader";
 
 impl Names {
     pub(crate) fn new(prefix: &str, key: &LockKey) -> Self {
@@ -35,6 +37,20 @@ impl Names {
         lock.push_str(key);
         lock.push('}');
         Self { lock }
+    }
+
+    /// The names of election `key`: the leadership is a lock named `<prefix>{<key>}:elect`
+    /// (its fence counter, channel and queues derive from that name as a lock's do), on the
+    /// same hash slot as the lock of `key` and never one of its names.
+    pub(crate) fn election(prefix: &str, key: &LockKey) -> Self {
+        let mut names = Self::new(prefix, key);
+        names.lock.push_str(ELECT);
+        names
+    }
+
+    /// Elections: the leader's owner value and candidate value, `<owner>\n<value>`.
+    pub(crate) fn leader(&self) -> Derived<'_> {
+        self.derived(LEADER)
     }
 
     /// The lock: a string holding the owner value, with a TTL.

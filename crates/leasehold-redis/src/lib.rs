@@ -146,6 +146,7 @@
 //! passed (it is gone by then). Other server errors are `Backend` errors, never retried.
 
 mod config;
+mod election;
 mod keys;
 mod node;
 mod options;
