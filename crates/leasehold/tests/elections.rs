@@ -10,7 +10,7 @@ use leasehold_test_support::require_service;
 use leasehold_test_support::services::{Service, unique_prefix};
 
 fn candidate(v: &str) -> Candidate {
-    Candidate::new(v).unwrap()
+    Candidate::new(v).unwrap_or_else(|e| panic!("{e}"))
 }
 
 #[tokio::test]
