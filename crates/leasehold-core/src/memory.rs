@@ -240,10 +240,7 @@ impl LockBackend for MemoryBackend {
     }
 
     /// No batch request here: each grant in turn.
-    async fn extend_many(
-        &self,
-        reqs: &[crate::ExtendRequest<'_>],
-    ) -> Vec<Result<Option<crate::Validity>, crate::Error>> {
+    async fn extend_many(&self, reqs: &[crate::ExtendRequest<'_>]) -> Vec<crate::Extended> {
         crate::extend_each(self, reqs).await
     }
 
@@ -361,10 +358,7 @@ mod tests {
                 self.inner.extend(req).await
             }
             /// No batch request here: each grant in turn.
-            async fn extend_many(
-                &self,
-                reqs: &[crate::ExtendRequest<'_>],
-            ) -> Vec<Result<Option<crate::Validity>, crate::Error>> {
+            async fn extend_many(&self, reqs: &[crate::ExtendRequest<'_>]) -> Vec<crate::Extended> {
                 crate::extend_each(self, reqs).await
             }
 

@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use etcd_client::{Client, ConnectOptions, GetOptions};
 use leasehold_core::{
-    Capabilities, DEFAULT_MAX_TTL, Error, ExtendRequest, FencingKind, Grant, Held, HolderInfo,
-    LockBackend, LockKey, LockRequest, RenewalKind, SafetyClass, Validity, WaitKind, Waited,
-    async_trait,
+    Capabilities, CrashRelease, DEFAULT_MAX_TTL, Error, ExtendRequest, FencingKind, Grant, Held,
+    HolderInfo, LockBackend, LockKey, LockRequest, RenewalKind, SafetyClass, Validity, WaitKind,
+    Waited, async_trait,
 };
 use tokio::time::Instant;
 
@@ -17,6 +17,7 @@ use crate::client::Inner;
 use crate::config::{EtcdConfig, LeaseMode};
 use crate::error::{EtcdError, with_timeout};
 use crate::job::{EtcdGrant, Mode};
+use crate::session::MIN_LEASE_TTL;
 
 /// What etcd guarantees and supports: a constant, as
 /// [`LockBackend::capabilities`] requires.
@@ -25,6 +26,10 @@ const CAPABILITIES: Capabilities =
         .with_wait(WaitKind::Native)
         .with_renewal(RenewalKind::Session)
         .with_ttl_range(Duration::from_secs(1), DEFAULT_MAX_TTL)
+        .with_crash_release(CrashRelease::TtlRoundedUp {
+            step: Duration::from_secs(1),
+            min: MIN_LEASE_TTL,
+        })
         .with_elections();
 
 /// Locks on etcd: consensus-backed, with the lock key's create revision as fencing token.
@@ -50,6 +55,17 @@ impl EtcdBackend {
     /// missing permission shows here, not at the first lock).
     pub async fn connect(config: EtcdConfig) -> Result<Self, Error> {
         config.validate()?;
+        if config.user.is_some() && !config.is_tls() {
+            for endpoint in &config.endpoints {
+                let host = endpoint.strip_prefix("http://").unwrap_or(endpoint);
+                leasehold_core::transport::check_plaintext_password(
+                    NAME,
+                    host,
+                    "etcd user:password over plain gRPC (http://)",
+                    config.allow_plaintext_password,
+                )?;
+            }
+        }
         let mut opts = ConnectOptions::new()
             .with_connect_timeout(config.connect_timeout)
             .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2))
@@ -109,7 +125,10 @@ impl EtcdBackend {
         .await
         .map_err(|e| e.into_core("reaching etcd"))?;
         if backend.inner.config.lease_mode == LeaseMode::Session {
-            backend.inner.session().await?;
+            backend
+                .inner
+                .session(backend.inner.config.session_ttl)
+                .await?;
         }
         Ok(backend)
     }
@@ -119,11 +138,19 @@ impl EtcdBackend {
         &self.inner.config
     }
 
-    /// The id of the current session lease, if one is alive ([`LeaseMode::Session`]), as
-    /// `etcdctl lease list` shows it in hex.
+    /// The id of the current session lease of locks whose TTL rounds to `session_ttl`'s (the
+    /// lease granted on connecting), if one is alive ([`LeaseMode::Session`]), as `etcdctl lease
+    /// list` shows it in hex. Locks of another TTL are on the session lease of their own TTL
+    /// ([`session_lease_id_for`](Self::session_lease_id_for)).
     pub async fn session_lease_id(&self) -> Option<i64> {
-        let s = self.inner.session.lock().await;
-        s.as_ref().filter(|s| !s.is_lost()).map(|s| s.id())
+        self.session_lease_id_for(self.inner.config.session_ttl)
+            .await
+    }
+
+    /// The id of the live session lease of locks of `ttl` (one per TTL rounded up to whole
+    /// seconds, at least 2 s), if there is one.
+    pub async fn session_lease_id_for(&self, ttl: Duration) -> Option<i64> {
+        self.inner.live_session(ttl).await.map(|s| s.id())
     }
 
     /// The etcd key prefix under which `key`'s waiters live: `<prefix><escaped key>/` (the
@@ -154,13 +181,7 @@ impl EtcdBackend {
     async fn keys_gone(&self) -> bool {
         match self.inner.config.lease_mode {
             LeaseMode::PerLock => true,
-            LeaseMode::Session => self
-                .inner
-                .session
-                .lock()
-                .await
-                .as_ref()
-                .is_none_or(|s| s.is_lost()),
+            LeaseMode::Session => self.inner.no_live_session().await,
         }
     }
 
@@ -237,11 +258,12 @@ impl LockBackend for EtcdBackend {
                     .find_owner(&prefix, owner)
                     .await
                     .map_err(|e| e.into_core("extend"))?;
-                let current = self.inner.session.lock().await.clone();
-                let session = current.filter(|s| found.iter().any(|kv| kv.lease() == s.id()));
-                match (found.into_iter().next(), session) {
-                    (Some(kv), Some(s)) => (kv.key().to_vec(), owner, Some(s)),
-                    _ => return Ok(None),
+                let Some(kv) = found.into_iter().next() else {
+                    return Ok(None);
+                };
+                match self.inner.session_by_id(kv.lease()).await {
+                    Some(s) => (kv.key().to_vec(), owner, Some(s)),
+                    None => return Ok(None),
                 }
             }
         };
@@ -252,7 +274,7 @@ impl LockBackend for EtcdBackend {
     async fn extend_many(
         &self,
         reqs: &[leasehold_core::ExtendRequest<'_>],
-    ) -> Vec<Result<Option<leasehold_core::Validity>, leasehold_core::Error>> {
+    ) -> Vec<leasehold_core::Extended> {
         leasehold_core::extend_each(self, reqs).await
     }
 

@@ -13,14 +13,13 @@ use std::sync::Arc;
 
 use etcd_client::{EventType, WatchOptions};
 use leasehold_core::{
-    Candidate, Capabilities, ElectionBackend, Error, ErrorKind, ExtendRequest, FencingToken, Grant,
-    Held, HolderInfo, Leader, LockBackend, LockKey, LockRequest, Owner, Validity, Waited,
-    async_trait,
+    Candidate, Capabilities, ElectionBackend, Error, ErrorKind, ExtendRequest, Grant, Held,
+    HolderInfo, Leader, LockBackend, LockKey, LockRequest, Owner, Validity, Waited, async_trait,
 };
 use tokio::time::Instant;
 
 use crate::NAME;
-use crate::client::{Inner, first_created};
+use crate::client::{Inner, checked_revision, first_created, token};
 use crate::job::{EtcdGrant, Mode, confirm, first_holder, lock_under};
 
 /// The election view of an etcd backend for one candidate.
@@ -72,7 +71,7 @@ impl EtcdElection {
             )
             .await
             .map_err(|e| e.into_core("leader"))?;
-        let rev = resp.header().map_or(0, |h| h.revision());
+        let rev = checked_revision(resp.header().map_or(0, |h| h.revision()))?;
         let Some(kv) = resp.kvs().first() else {
             return Ok((None, rev));
         };
@@ -83,7 +82,7 @@ impl EtcdElection {
                 format!("the leader's key holds no valid candidate value: {e}"),
             )
         })?;
-        let term = FencingToken::new(u64::try_from(kv.create_revision()).unwrap_or(0));
+        let term = token(kv.create_revision())?;
         Ok((Some(Leader::new(value, term)), rev))
     }
 

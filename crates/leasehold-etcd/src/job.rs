@@ -17,7 +17,10 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use crate::NAME;
-use crate::client::{Inner, LocalSlot, finish, first_created, first_kv, revision, waiter_key};
+use crate::client::{
+    Inner, LocalSlot, checked_revision, finish, first_created, first_kv, revision, token,
+    waiter_key,
+};
 use crate::config::LeaseMode;
 use crate::session::Session;
 
@@ -33,7 +36,7 @@ pub(crate) async fn lock_under(
     let (session, slot) = match inner.config.lease_mode {
         LeaseMode::PerLock => (None, None),
         LeaseMode::Session => loop {
-            let session = inner.session().await?;
+            let session = inner.session(req.ttl).await?;
             let key = waiter_key(&prefix, session.id());
             let slot = LocalSlot::new(inner, key);
             match mode {
@@ -105,9 +108,7 @@ pub(crate) async fn first_holder(
         return Ok(None);
     };
     let mut info = HolderInfo::unknown()
-        .with_fencing(FencingToken::new(
-            u64::try_from(holder.create_revision()).unwrap_or(0),
-        ))
+        .with_fencing(token(holder.create_revision())?)
         .with_detail(format!(
             "etcd key {:?} on lease {:x}",
             String::from_utf8_lossy(holder.key()),
@@ -124,9 +125,9 @@ pub(crate) async fn first_holder(
             async move { lease.time_to_live(id, None).await }
         })
         .await
-            && ttl.ttl() > 0
+            && let Ok(remaining) = crate::session::granted_ttl(ttl.ttl())
         {
-            info = info.with_remaining(Duration::from_secs(u64::try_from(ttl.ttl()).unwrap_or(0)));
+            info = info.with_remaining(remaining);
         }
     }
     Ok(Some(info))
@@ -202,7 +203,7 @@ impl Job {
                     slot: Mutex::new(self.slot.take()),
                     done: AtomicBool::new(false),
                 };
-                let fencing = FencingToken::new(u64::try_from(rev).unwrap_or(0));
+                let fencing = FencingToken::new(rev.unsigned_abs());
                 let grant = Grant::new(validity).with_fencing(fencing).with_state(state);
                 // If our caller is gone, dropping the grant releases it (EtcdGrant's Drop).
                 drop(tx.send(Ok(Some(grant))));
@@ -303,7 +304,7 @@ impl Job {
         match first_kv(&resp, 0) {
             // Our own key already: an earlier send of this very request landed.
             Some(kv) if kv.value() == self.owner.as_bytes() => {
-                return Ok(Some(kv.create_revision()));
+                return checked_revision(kv.create_revision()).map(Some);
             }
             Some(stale) => self.drop_stale(&stale).await,
             None => {}
@@ -335,7 +336,7 @@ impl Job {
         match first_kv(&resp, 0) {
             // Our own key already: queued (or holding) since its create revision.
             Some(kv) if kv.value() == self.owner.as_bytes() => {
-                Ok(Some((kv.create_revision(), false)))
+                Ok(Some((checked_revision(kv.create_revision())?, false)))
             }
             stale => {
                 self.created = false;
@@ -371,7 +372,7 @@ impl Job {
                     Some(
                         GetOptions::new()
                             .with_prefix()
-                            .with_max_create_revision(my_rev - 1)
+                            .with_max_create_revision(my_rev.saturating_sub(1))
                             .with_sort(SortTarget::Create, SortOrder::Descend)
                             .with_limit(1),
                     ),
@@ -394,7 +395,7 @@ impl Job {
             let Some(pred) = first_kv(&resp, 0) else {
                 return Ok(Some(my_rev));
             };
-            let from = resp.header().map_or(0, |h| h.revision()) + 1;
+            let from = checked_revision(resp.header().map_or(0, |h| h.revision()))? + 1;
             tokio::select! {
                 r = self.deleted(pred.key().to_vec(), from) => {
                     if let Err(e) = r {

@@ -17,8 +17,8 @@
 //!   restarts and crashes, and is never reset by the backend.
 //! - While a lease is held, a check runs every `check_interval` (default 1 s): if the lock file
 //!   was deleted or replaced, the lease's lost signal fires.
-//! - Lock files are never deleted (deleting one while others wait on it is how two holders
-//!   happen).
+//! - The backend never deletes a file by itself; [`FileBackend::prune`] deletes lock files
+//!   nobody holds, when asked (see [below](#what-keys-leave-behind)).
 //!
 //! # Key mapping
 //!
@@ -74,6 +74,18 @@
 //! can hold a lock forever, delete a lock file (two holders can follow) or rewrite a fence
 //! counter (tokens go backwards). Share a folder only with users you would let hold your locks.
 //!
+//! # What keys leave behind
+//!
+//! Every key ever locked leaves its two small files: keys must come from a **bounded set**
+//! (job names, not request ids), or the folder grows without end (`leasehold-bench perf`
+//! measures the files and bytes of one key). [`FileBackend::prune`] (or
+//! [`prune_key`](FileBackend::prune_key)) deletes the `.lock` files nobody holds: it locks each
+//! (`LOCK_EX|LOCK_NB`, skipping held ones), checks that the path still names the file it locked,
+//! and unlinks it while holding the lock; an acquirer that opened the old file makes the same
+//! check after locking and opens the path again, so no two holders follow. `.fence` files are
+//! **kept**: deleting one restarts the key's tokens at 1. Do not prune a folder in which
+//! `flock(1)` or another tool that skips that check takes locks.
+//!
 //! # What it does not guarantee
 //!
 //! - Mutual exclusion holds on **one host** only ([`SafetyClass::Host`]); on a network file
@@ -101,6 +113,7 @@
 
 mod election;
 mod folder;
+mod prune;
 
 use std::fs::{self, File, TryLockError};
 use std::io::{self, Seek, Write};
@@ -122,6 +135,7 @@ use sha2::{Digest, Sha256};
 use tokio::time::Instant;
 
 use folder::Sharing;
+pub use prune::Pruned;
 
 /// The backend's name.
 pub const NAME: &str = "file";
@@ -352,6 +366,28 @@ impl FileBackend {
             .join(format!("{}.fence", file_name(key)))
     }
 
+    /// Deletes the lock files in the folder that nobody holds, keeping every fence file (see
+    /// "What keys leave behind" in the [crate docs](crate)). Safe while leasehold processes
+    /// lock in the folder; not while `flock(1)` or another tool that does not check the path
+    /// after locking does.
+    pub async fn prune(&self) -> Result<Pruned, Error> {
+        let (dir, sharing) = (self.inner.config.dir.clone(), self.inner.config.sharing);
+        blocking(move || {
+            prune::prune_dir(&dir, sharing).map_err(|e| io_error("cannot prune", &dir, &e))
+        })
+        .await
+    }
+
+    /// [`prune`](Self::prune) for one key: `true` if its lock file was deleted, `false` if it
+    /// is held (or was not there).
+    pub async fn prune_key(&self, key: &LockKey) -> Result<bool, Error> {
+        let (lock, sharing) = (self.lock_path(key), self.inner.config.sharing);
+        blocking(move || {
+            prune::prune_one(&lock, sharing).map_err(|e| io_error("cannot prune", &lock, &e))
+        })
+        .await
+    }
+
     /// How many grants of this backend are held right now, counting acquisitions still taking
     /// their file lock (an abandoned one lets go as soon as its blocking call returns).
     pub fn held_count(&self) -> usize {
@@ -390,6 +426,15 @@ impl FileBackend {
     }
 }
 
+/// Runs blocking file work on Tokio's blocking pool.
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, Error> + Send + 'static,
+) -> Result<T, Error> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| Error::new(ErrorKind::Backend, NAME, format!("file task failed: {e}")))?
+}
+
 /// The bytes a file name keeps as they are: `[A-Za-z0-9._-]` (`~` is escaped: it separates
 /// a long name's hash).
 const NAME_KEEPS: &AsciiSet = &NON_ALPHANUMERIC.remove(b'.').remove(b'_').remove(b'-');
@@ -408,6 +453,16 @@ fn file_name(key: &LockKey) -> String {
         name = format!("{head}~{hex}");
     }
     name
+}
+
+#[doc(hidden)]
+pub mod fuzzing {
+    //! Internal entry points for the fuzz targets in `fuzz/`; not part of the API.
+
+    /// The file name of `key`, without extension (see "Key mapping" in the crate docs).
+    pub fn file_name(key: &leasehold_core::LockKey) -> String {
+        super::file_name(key)
+    }
 }
 
 /// Opens and locks `lock`; `None` if another holder has it. Retries when the file locked is no
@@ -502,6 +557,7 @@ impl LockBackend for FileBackend {
             .with_wait(WaitKind::Poll)
             .with_renewal(RenewalKind::Session)
             .with_ttl_range(self.inner.config.check_interval * 2, DEFAULT_MAX_TTL)
+            .with_crash_release(leasehold_core::CrashRelease::ProcessExit)
     }
 
     async fn try_lock(&self, req: LockRequest<'_>) -> Result<Option<Grant>, Error> {
@@ -582,7 +638,7 @@ impl LockBackend for FileBackend {
     async fn extend_many(
         &self,
         reqs: &[leasehold_core::ExtendRequest<'_>],
-    ) -> Vec<Result<Option<leasehold_core::Validity>, leasehold_core::Error>> {
+    ) -> Vec<leasehold_core::Extended> {
         leasehold_core::extend_each(self, reqs).await
     }
 

@@ -99,20 +99,17 @@ impl PostgresBackend {
         &self.shared.pool.cfg
     }
 
-    /// The advisory-lock key (`bigint`) this backend uses for `key`: the number itself for
-    /// keys of the form `advisory:<i64>`, else [`advisory_key`](crate::advisory_key)`(prefix + key)`.
+    /// The advisory-lock key (`bigint`) this backend uses for `key`:
+    /// [`advisory_key`](crate::advisory_key)`(prefix + key)`, or, only where the configuration
+    /// opts in (`advisory_keys=true`), the number itself for keys of the form `advisory:<i64>`.
     pub fn lock_id(&self, key: &LockKey) -> i64 {
         // The derivation is two HMAC-SHA256s (some 28k instructions, more than the rest of a
         // lock cycle on the client): remember the ids of recently used keys.
         if let Some(id) = self.shared.ids().get(key) {
             return *id;
         }
-        let prefix = &self.shared.pool.cfg.prefix;
-        let id = match explicit_key(key) {
-            Some(id) => id,
-            None if prefix.is_empty() => advisory_key(key.as_str()),
-            None => advisory_key(&format!("{prefix}{}", key.as_str())),
-        };
+        let cfg = &self.shared.pool.cfg;
+        let id = derive_id(&cfg.prefix, cfg.advisory_keys, key);
         let mut ids = self.shared.ids();
         if ids.len() >= ID_CACHE {
             ids.clear();
@@ -369,7 +366,17 @@ enum TryOutcome {
     Busy(Option<Gate>),
 }
 
-fn positive(token: i64) -> Result<FencingToken, Error> {
+/// The advisory-lock key of `key` under `prefix` (see "Key mapping" in the crate docs).
+pub(crate) fn derive_id(prefix: &str, advisory_keys: bool, key: &LockKey) -> i64 {
+    match explicit_key(key).filter(|_| advisory_keys) {
+        Some(id) => id,
+        None if prefix.is_empty() => advisory_key(key.as_str()),
+        None => advisory_key(&format!("{prefix}{}", key.as_str())),
+    }
+}
+
+/// The fencing token of a value the fence sequence returned: positive, or an error.
+pub(crate) fn positive(token: i64) -> Result<FencingToken, Error> {
     match u64::try_from(token) {
         Ok(t) if t > 0 => Ok(FencingToken::new(t)),
         // The caller's guards close or unlock the session, which drops the lock just taken.
@@ -431,6 +438,7 @@ impl LockBackend for PostgresBackend {
                 self.shared.window(),
                 DEFAULT_MAX_TTL.max(self.shared.window()),
             )
+            .with_crash_release(leasehold_core::CrashRelease::ProcessExit)
     }
 
     async fn try_lock(&self, req: LockRequest<'_>) -> Result<Option<Grant>, Error> {
@@ -479,7 +487,7 @@ impl LockBackend for PostgresBackend {
     async fn extend_many(
         &self,
         reqs: &[leasehold_core::ExtendRequest<'_>],
-    ) -> Vec<Result<Option<leasehold_core::Validity>, leasehold_core::Error>> {
+    ) -> Vec<leasehold_core::Extended> {
         leasehold_core::extend_each(self, reqs).await
     }
 
@@ -555,8 +563,15 @@ mod tests {
             }
             assert!(backend.shared.ids().len() <= ID_CACHE);
         }
+        // Without the opt-in, `advisory:<n>` is a name like any other: hashed, prefixed.
         let numeric = crate::numeric_key(-42);
-        assert_eq!(backend.lock_id(&numeric), -42);
-        assert_eq!(backend.lock_id(&numeric), -42);
+        assert_eq!(backend.lock_id(&numeric), advisory_key("app/advisory:-42"));
+        let cfg = backend.config().clone().with_advisory_keys(true);
+        let opted = PostgresBackend::new(cfg);
+        assert_eq!(opted.lock_id(&numeric), -42);
+        assert_eq!(opted.lock_id(&numeric), -42);
+        let from_url =
+            PostgresConfig::from_url("postgres://u@127.0.0.1/db?advisory_keys=true").unwrap();
+        assert!(from_url.advisory_keys());
     }
 }

@@ -8,7 +8,8 @@ use sha2::Sha256;
 /// to sqlx's for the same name.
 const SQLX_INFO: &[u8] = b"SQLx (Rust) Postgres advisory lock";
 
-/// Keys of this form (`advisory:<i64 in canonical decimal>`) name an advisory-lock key directly.
+/// Keys of this form (`advisory:<i64 in canonical decimal>`) name an advisory-lock key directly,
+/// where the configuration opts in (`advisory_keys=true`).
 pub const NUMERIC_KEY_PREFIX: &str = "advisory:";
 
 /// The advisory-lock key (`bigint`) for a lock name, exactly as sqlx's
@@ -60,7 +61,8 @@ pub(crate) fn explicit_key(key: &LockKey) -> Option<i64> {
 }
 
 /// A [`LockKey`] naming the advisory-lock key `id` directly (`advisory:<id>`), for locks shared
-/// with code that uses a plain number: `pg_advisory_lock(id)`.
+/// with code that uses a plain number: `pg_advisory_lock(id)`. Only a backend configured with
+/// `advisory_keys=true` reads it as the number; otherwise it is a name hashed like any other.
 ///
 /// ```
 /// let key = leasehold_postgres::numeric_key(42);

@@ -5,16 +5,31 @@ use std::sync::Arc;
 
 use leasehold_core::Error;
 use tokio::sync::{OnceCell, watch};
+use tokio_postgres::config::{Host, SslMode};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::tls::MakeTlsConnect;
 use tokio_postgres::{CancelToken, Client, NoTls, Socket};
 
+use crate::NAME;
 use crate::config::PostgresConfig;
 use crate::error::{connect_error, pg_error};
 use crate::key::AdvisoryId;
 use crate::probe::{Probe, Statements, WeakProbe};
-use crate::tls::Tls;
+use crate::tls::{Tls, TlsMode};
 use crate::watch::Watcher;
+
+/// `try_lock`: the lock if free, with a token from the sequence named by `$2` (its quoted,
+/// qualified name, [`PostgresConfig::fence_sequence_sql`], bound as a parameter and cast to
+/// `regclass`: never spliced into the SQL text, so no quoting rule of the server's
+/// (`standard_conforming_strings`) can change what it names).
+pub(crate) const TRY_LOCK_SQL: &str =
+    "SELECT CASE WHEN pg_try_advisory_lock($1::bigint) THEN nextval($2::text::regclass) END";
+/// `try_lock` on a two-key advisory lock (`$1`, `$2`: elections), the sequence named by `$3`
+/// as in [`TRY_LOCK_SQL`]; sent unprepared, as elections are rare.
+pub(crate) const TRY_PAIR_SQL: &str = "SELECT CASE WHEN pg_try_advisory_lock($1::int4, $2::int4) \
+     THEN nextval($3::text::regclass) END";
+/// `nextval` of the sequence named by `$1` (as in [`TRY_LOCK_SQL`]).
+pub(crate) const NEXTVAL_SQL: &str = "SELECT nextval($1::text::regclass)";
 
 /// One connection. Dropping it closes the connection, which ends the server session and with
 /// it every advisory lock the session holds.
@@ -47,14 +62,64 @@ impl Canceller {
 
 /// Connects with `cfg`'s settings (TLS as its `sslmode` says) and spawns the connection task;
 /// the receiver turns `true` when it ends.
+///
+/// `prefer` tries TLS first and, as libpq does, connects again without TLS if the server
+/// refuses it or the handshake fails. Before a password goes out without TLS to a host that
+/// is not loopback, [`check_plaintext`] warns or refuses.
 pub(crate) async fn connect(
     cfg: &PostgresConfig,
 ) -> Result<(Client, watch::Receiver<bool>), Error> {
     let connected = match &cfg.tls {
+        Some(tls) if tls.mode == TlsMode::Prefer => {
+            match connect_with(&cfg.pg, tls.connector.clone()).await {
+                Err(e) if is_tls_failure(&e) => {
+                    tracing::debug!(error = %e,
+                        "leasehold-postgres: sslmode=prefer: TLS failed, connecting without it");
+                    check_plaintext(cfg, "sslmode=prefer, and the server refused TLS")?;
+                    let mut plain = cfg.pg.clone();
+                    plain.ssl_mode(SslMode::Disable);
+                    connect_with(&plain, NoTls).await
+                }
+                other => other,
+            }
+        }
         Some(tls) => connect_with(&cfg.pg, tls.connector.clone()).await,
-        None => connect_with(&cfg.pg, NoTls).await,
+        None => {
+            check_plaintext(cfg, "sslmode=disable")?;
+            connect_with(&cfg.pg, NoTls).await
+        }
     };
     connected.map_err(|e| connect_error(cfg, e))
+}
+
+/// Whether connecting failed in the TLS negotiation (the server said it has no TLS, or the
+/// handshake failed): tokio-postgres reports these, and only these, as a TLS error.
+fn is_tls_failure(e: &tokio_postgres::Error) -> bool {
+    e.to_string().starts_with("error performing TLS handshake")
+}
+
+/// A password is about to go without TLS to each TCP host of `cfg` (`how`, for the message):
+/// warns for a host that is not loopback, or refuses with `allow_plaintext_password=false`.
+/// Unix sockets never leave the host.
+pub(crate) fn check_plaintext(cfg: &PostgresConfig, how: &str) -> Result<(), Error> {
+    if cfg.pg.get_password().is_none() {
+        return Ok(());
+    }
+    let addrs = cfg.pg.get_hostaddrs();
+    for (i, host) in cfg.pg.get_hosts().iter().enumerate() {
+        let Host::Tcp(name) = host else { continue };
+        // With `hostaddr`, that address is where the connection goes.
+        let target = addrs
+            .get(i)
+            .map_or_else(|| name.clone(), ToString::to_string);
+        leasehold_core::transport::check_plaintext_password(
+            NAME,
+            &target,
+            &format!("PostgreSQL password without TLS: {how}"),
+            cfg.allow_plaintext_password,
+        )?;
+    }
+    Ok(())
 }
 
 async fn connect_with<T>(
@@ -89,19 +154,10 @@ impl Session {
         sequence_ready
             .get_or_try_init(|| create_sequence(&client, seq_sql))
             .await?;
-        let try_sql = format!(
-            "SELECT CASE WHEN pg_try_advisory_lock($1::bigint) THEN nextval('{}') END",
-            seq_sql.replace('\'', "''")
-        );
-        let try_pair = format!(
-            "SELECT CASE WHEN pg_try_advisory_lock($1::int4, $2::int4) THEN nextval('{}') END",
-            seq_sql.replace('\'', "''")
-        );
-        let nextval_sql = format!("SELECT nextval('{}')", seq_sql.replace('\'', "''"));
         let (try_lock, unlock, nextval, ping) = tokio::try_join!(
-            client.prepare(&try_sql),
+            client.prepare(TRY_LOCK_SQL),
             client.prepare("SELECT pg_advisory_unlock($1::bigint)"),
-            client.prepare(&nextval_sql),
+            client.prepare(NEXTVAL_SQL),
             client.prepare("SELECT 1"),
         )
         .map_err(|e| pg_error("prepare", e))?;
@@ -112,7 +168,7 @@ impl Session {
                 unlock,
                 nextval,
                 ping,
-                try_pair,
+                sequence: seq_sql.to_owned(),
             }),
             closed,
             tls,
@@ -160,12 +216,14 @@ impl Session {
         &self,
         id: AdvisoryId,
     ) -> Result<Option<i64>, tokio_postgres::Error> {
+        let seq = &self.stmts.sequence;
         let row = match id {
-            AdvisoryId::Big(id) => self.client.query_one(&self.stmts.try_lock, &[&id]).await?,
-            AdvisoryId::Pair(a, b) => {
-                let sql = self.stmts.try_pair.as_str();
-                self.client.query_one(sql, &[&a, &b]).await?
+            AdvisoryId::Big(id) => {
+                self.client
+                    .query_one(&self.stmts.try_lock, &[&id, seq])
+                    .await?
             }
+            AdvisoryId::Pair(a, b) => self.client.query_one(TRY_PAIR_SQL, &[&a, &b, seq]).await?,
         };
         row.try_get::<_, Option<i64>>(0)
     }
@@ -191,7 +249,10 @@ impl Session {
 
     /// A fencing token minted after the grant; its round trip also proves the session alive.
     pub(crate) async fn nextval(&self) -> Result<i64, tokio_postgres::Error> {
-        let row = self.client.query_one(&self.stmts.nextval, &[]).await?;
+        let row = self
+            .client
+            .query_one(&self.stmts.nextval, &[&self.stmts.sequence])
+            .await?;
         row.try_get::<_, i64>(0)
     }
 

@@ -17,9 +17,12 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::config::{Deployment, REDIS as NAME, RedisConfig, invalid};
+use crate::fence::FenceExpiry;
 use crate::keys::Names;
 use crate::node::{Connector, Node, Taken, names};
 use crate::renew::extend_on;
+use crate::replica::{ReplicaSync, Source};
+use crate::sentinel::SentinelConnector;
 
 /// What single-node Redis guarantees and supports: a constant, as
 /// [`LockBackend::capabilities`] requires.
@@ -42,6 +45,8 @@ pub struct RedisBackend {
 
 struct Inner {
     node: Arc<Node>,
+    /// The replica-sync check, when configured.
+    sync: Option<ReplicaSync>,
     config: RedisConfig,
     wake: Arc<WakeHub>,
     /// Local FIFO queues: one Redis contender per key per backend.
@@ -110,19 +115,29 @@ impl RedisBackend {
     pub async fn connect(config: RedisConfig) -> Result<Self, Error> {
         let wake = Arc::new(WakeHub::default());
         let hub = Arc::clone(&wake);
+        let manager = |hub: Arc<WakeHub>| {
+            ConnectionManagerConfig::new()
+                .set_connection_timeout(Some(config.connect_timeout))
+                .set_response_timeout(Some(config.response_timeout))
+                .set_number_of_retries(1)
+                .set_automatic_resubscription()
+                .set_push_sender(move |push: PushInfo| {
+                    hub.on_push(push);
+                    Ok::<(), redis::aio::SendError>(())
+                })
+        };
+        let mut sync = None;
         let connector = match &config.deployment {
             Deployment::Server(server) => {
                 let client = server.client(NAME, server.resp3(), config.tls_ca.as_deref())?;
-                let cm = ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(config.connect_timeout))
-                    .set_response_timeout(Some(config.response_timeout))
-                    .set_number_of_retries(1)
-                    .set_automatic_resubscription()
-                    .set_push_sender(move |push: PushInfo| {
-                        hub.on_push(push);
-                        Ok::<(), redis::aio::SendError>(())
-                    });
-                Connector::Single(client, cm)
+                sync = Some(Source::Client(Box::new(client.clone())));
+                Connector::Single(client, manager(hub))
+            }
+            Deployment::Sentinel(target) => {
+                let client = target.client(NAME, config.tls_ca.as_deref())?;
+                let s = Arc::new(SentinelConnector::new(client, manager(hub)));
+                sync = Some(Source::Sentinel(Arc::clone(&s)));
+                Connector::Sentinel(s)
             }
             Deployment::Cluster(seeds) => {
                 let mut builder = ClusterClient::builder(seeds.iter().map(|s| s.resp3()));
@@ -153,11 +168,22 @@ impl RedisBackend {
                 Connector::Cluster(client)
             }
         };
-        let node = Node::new(NAME, connector, config.deployment.name());
+        let name = config.deployment.name();
+        let sync = config.replica_sync.zip(sync).map(|(wait, source)| {
+            ReplicaSync::new(
+                wait,
+                config.connect_timeout,
+                &config.prefix,
+                source,
+                name.clone(),
+            )
+        });
+        let node = Node::new(NAME, connector, name);
         node.conn().await?;
         Ok(Self {
             inner: Arc::new(Inner {
                 node,
+                sync,
                 config,
                 wake,
                 queues: Mutex::new(HashMap::new()),
@@ -193,22 +219,29 @@ impl RedisBackend {
     /// One attempt; in fair mode, `enqueue` joins the line (or refreshes our place in it).
     async fn attempt(&self, req: &LockRequest<'_>, enqueue: bool) -> Result<Option<Grant>, Error> {
         let names = self.names(req.key);
+        let fence = FenceExpiry(self.inner.config.fence_ttl);
         let taken = match self.inner.config.fair {
             Some(grace) => {
                 self.inner
                     .node
-                    .take_fair(&names, req.owner, req.ttl, enqueue, grace)
+                    .take_fair(&names, req.owner, req.ttl, enqueue, grace, fence)
                     .await?
             }
             None => {
                 self.inner
                     .node
-                    .take(&names, req.owner, req.ttl, true)
+                    .take(&names, req.owner, req.ttl, Some(fence))
                     .await?
             }
         };
         match taken {
             Taken::Granted(token) => {
+                if let Some(sync) = &self.inner.sync
+                    && let Err(e) = sync.check(names.lock(), req.owner).await
+                {
+                    self.give_back(req.key, req.owner);
+                    return Err(e);
+                }
                 let grant = Grant::new(req.ttl_validity());
                 Ok(Some(match token {
                     Some(t) => grant.with_fencing(t),
@@ -222,14 +255,19 @@ impl RedisBackend {
     /// Fair mode: leaves the line after a wait that ended without the lock, in a task, so it
     /// happens even if nobody awaits it.
     fn leave_line(&self, key: &LockKey, owner: &leasehold_core::Owner) {
-        if self.inner.config.fair.is_none() {
-            return;
+        if self.inner.config.fair.is_some() {
+            self.give_back(key, owner);
         }
+    }
+
+    /// Releases `owner`'s grant (or place in the fair line) on `key` in a task.
+    fn give_back(&self, key: &LockKey, owner: &leasehold_core::Owner) {
+        let fair = self.inner.config.fair.is_some();
         let (node, names, owner) = (Arc::clone(&self.inner.node), self.names(key), owner.clone());
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             drop(rt.spawn(async move {
-                if let Err(e) = node.release(&names, &owner, true).await {
-                    tracing::debug!(error = %e, "leasehold-redis: leaving the fair queue failed");
+                if let Err(e) = node.release(&names, &owner, fair).await {
+                    tracing::debug!(error = %e, "leasehold-redis: giving a grant back failed");
                 }
             }));
         }

@@ -126,6 +126,7 @@ fn urls(secret: &str) -> Vec<String> {
             "redis",
             "rediss",
             "redis-cluster",
+            "rediss-cluster",
             "postgres",
             "etcd",
         ] {
