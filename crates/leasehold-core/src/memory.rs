@@ -36,6 +36,8 @@ pub struct MemoryBackend {
 struct State {
     slots: Mutex<HashMap<LockKey, Slot>>,
     fence: AtomicU64,
+    /// The locks and values of elections, apart from the locks of the same keys.
+    elections: std::sync::OnceLock<crate::memory_election::Elections>,
 }
 
 #[derive(Debug)]
@@ -136,11 +138,29 @@ impl Drop for WaiterGuard<'_> {
 
 #[async_trait]
 impl LockBackend for MemoryBackend {
-    crate::refuse_primitives!("not built yet");
+    fn semaphore(
+        self: Arc<Self>,
+        _limit: crate::PermitLimit,
+    ) -> Result<Arc<dyn crate::PermitBackend>, Error> {
+        Err(Error::unsupported_primitive(
+            NAME,
+            "semaphores",
+            "not built yet",
+        ))
+    }
+
+    fn election(
+        self: Arc<Self>,
+        candidate: crate::Candidate,
+    ) -> Result<Arc<dyn crate::ElectionBackend>, Error> {
+        let elections = self.inner.elections.get_or_init(Default::default);
+        Ok(Arc::new(elections.view(candidate)))
+    }
 
     fn capabilities(&self) -> Capabilities {
         Capabilities::new(NAME, SafetyClass::Process, FencingKind::Monotonic)
             .with_wait(WaitKind::Native)
+            .with_elections()
     }
 
     async fn try_lock(&self, req: LockRequest<'_>) -> Result<Option<Grant>, Error> {

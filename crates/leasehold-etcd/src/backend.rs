@@ -2,23 +2,21 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use etcd_client::{Client, ConnectOptions, GetOptions};
 use leasehold_core::{
-    Capabilities, CrashRelease, DEFAULT_MAX_TTL, Error, ErrorKind, ExtendRequest, FencingKind,
-    Grant, Held, HolderInfo, LockBackend, LockKey, LockRequest, Owner, RenewalKind, SafetyClass,
-    Validity, WaitKind, Waited, async_trait,
+    Capabilities, CrashRelease, DEFAULT_MAX_TTL, Error, ExtendRequest, FencingKind, Grant, Held,
+    HolderInfo, LockBackend, LockKey, LockRequest, RenewalKind, SafetyClass, Validity, WaitKind,
+    Waited, async_trait,
 };
-use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use crate::NAME;
-use crate::client::{Inner, LocalSlot, first_created, token, waiter_key};
+use crate::client::Inner;
 use crate::config::{EtcdConfig, LeaseMode};
 use crate::error::{EtcdError, with_timeout};
-use crate::job::{EtcdGrant, Job, Mode};
+use crate::job::{EtcdGrant, Mode};
 use crate::session::MIN_LEASE_TTL;
 
 /// What etcd guarantees and supports: a constant, as
@@ -31,7 +29,8 @@ const CAPABILITIES: Capabilities =
         .with_crash_release(CrashRelease::TtlRoundedUp {
             step: Duration::from_secs(1),
             min: MIN_LEASE_TTL,
-        });
+        })
+        .with_elections();
 
 /// Locks on etcd: consensus-backed, with the lock key's create revision as fencing token.
 ///
@@ -187,49 +186,39 @@ impl EtcdBackend {
     }
 
     async fn lock(&self, req: LockRequest<'_>, mode: Mode) -> Result<Option<Grant>, Error> {
-        let prefix = self.lock_prefix(req.key).into_bytes();
-        let (session, slot) = match self.inner.config.lease_mode {
-            LeaseMode::PerLock => (None, None),
-            LeaseMode::Session => loop {
-                let session = self.inner.session(req.ttl).await?;
-                let key = waiter_key(&prefix, session.id());
-                let slot = LocalSlot::new(&self.inner, key);
-                match mode {
-                    Mode::Try => match Arc::clone(&slot.sem).try_acquire_owned() {
-                        Ok(p) => break (Some(session), Some(slot.with(p))),
-                        Err(_) => return Ok(None),
-                    },
-                    Mode::Wait(deadline) => tokio::select! {
-                        p = Arc::clone(&slot.sem).acquire_owned() => match p {
-                            Ok(p) => break (Some(session), Some(slot.with(p))),
-                            Err(_) => return Err(Error::new(ErrorKind::Backend, NAME,
-                                "in-process lock table closed")),
-                        },
-                        // The local holder's session is gone: a new session means a new key.
-                        () = session.lost() => continue,
-                        () = tokio::time::sleep_until(deadline) => return Ok(None),
-                    },
-                }
-            },
-        };
-        let (tx, rx) = oneshot::channel();
-        let job = Job::new(&self.inner, prefix, &req, mode, session, slot);
-        // The etcd part runs in its own task, so a request that was sent always has its
-        // outcome seen: if our caller is gone by then, the task deletes what it created.
-        tokio::spawn(job.run(tx));
-        rx.await.unwrap_or_else(|_| {
-            Err(Error::new(
-                ErrorKind::Backend,
-                NAME,
-                "the acquisition task ended without an answer",
-            ))
-        })
+        crate::job::lock_under(
+            &self.inner,
+            self.lock_prefix(req.key).into_bytes(),
+            req,
+            mode,
+        )
+        .await
     }
 }
 
 #[async_trait]
 impl LockBackend for EtcdBackend {
-    leasehold_core::refuse_primitives!("not built yet");
+    fn semaphore(
+        self: Arc<Self>,
+        _limit: leasehold_core::PermitLimit,
+    ) -> Result<Arc<dyn leasehold_core::PermitBackend>, Error> {
+        Err(Error::unsupported_primitive(
+            NAME,
+            "semaphores",
+            "not built yet",
+        ))
+    }
+
+    fn election(
+        self: Arc<Self>,
+        candidate: leasehold_core::Candidate,
+    ) -> Result<Arc<dyn leasehold_core::ElectionBackend>, Error> {
+        Ok(Arc::new(crate::election::EtcdElection::new(
+            Arc::clone(&self.inner),
+            CAPABILITIES,
+            candidate,
+        )))
+    }
 
     fn capabilities(&self) -> Capabilities {
         CAPABILITIES
@@ -246,23 +235,7 @@ impl LockBackend for EtcdBackend {
 
     async fn release(&self, held: Held<'_>) -> Result<bool, Error> {
         match held.state::<EtcdGrant>() {
-            Some(g) => {
-                if g.done.load(Ordering::Acquire) {
-                    return Ok(false);
-                }
-                match g.inner.delete_if_owner(&g.key, &g.owner).await {
-                    Ok(ours) => {
-                        g.finish();
-                        Ok(ours)
-                    }
-                    // Our key lives on the session lease: once that is gone, so is the key.
-                    Err(_) if g.session.is_lost() => {
-                        g.finish();
-                        Ok(false)
-                    }
-                    Err(e) => Err(e.into_core("release")),
-                }
-            }
+            Some(g) => g.release().await,
             None => match self.release_by_owner(&held).await {
                 Err(_) if self.keys_gone().await => Ok(false),
                 other => other.map_err(|e| e.into_core("release")),
@@ -294,21 +267,7 @@ impl LockBackend for EtcdBackend {
                 }
             }
         };
-        let Some(session) = session.filter(|s| !s.is_lost()) else {
-            return Ok(None);
-        };
-        // Confirm with etcd that our key is still there, on our lease.
-        let validity = session.validity(req.ttl);
-        let resp = self
-            .inner
-            .get("extend", key, None)
-            .await
-            .map_err(|e| e.into_core("extend"))?;
-        let held = resp
-            .kvs()
-            .first()
-            .is_some_and(|kv| kv.value() == owner.as_bytes() && kv.lease() == session.id());
-        Ok(held.then_some(validity))
+        crate::job::confirm(&self.inner, key, owner, session, req.ttl).await
     }
 
     /// No batch request here: each grant in turn.
@@ -320,38 +279,6 @@ impl LockBackend for EtcdBackend {
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
-        let prefix = self.lock_prefix(key);
-        let resp = self
-            .inner
-            .get("inspect", prefix.into_bytes(), Some(first_created()))
-            .await
-            .map_err(|e| e.into_core("inspect"))?;
-        let Some(holder) = resp.kvs().first() else {
-            return Ok(None);
-        };
-        let mut info = HolderInfo::unknown()
-            .with_fencing(token(holder.create_revision())?)
-            .with_detail(format!(
-                "etcd key {:?} on lease {:x}",
-                String::from_utf8_lossy(holder.key()),
-                holder.lease()
-            ));
-        if !holder.value().is_empty() {
-            info = info.with_owner(Owner::from_raw(String::from_utf8_lossy(holder.value())));
-        }
-        if holder.lease() != 0 {
-            let lease = self.inner.client.lease_client();
-            let id = holder.lease();
-            if let Ok(ttl) = with_timeout(self.inner.config.request_timeout, "lease ttl", || {
-                let mut lease = lease.clone();
-                async move { lease.time_to_live(id, None).await }
-            })
-            .await
-                && let Ok(remaining) = crate::session::granted_ttl(ttl.ttl())
-            {
-                info = info.with_remaining(remaining);
-            }
-        }
-        Ok(Some(info))
+        crate::job::first_holder(&self.inner, self.lock_prefix(key)).await
     }
 }

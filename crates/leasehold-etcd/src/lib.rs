@@ -143,6 +143,7 @@
 mod backend;
 mod client;
 mod config;
+mod election;
 mod error;
 mod job;
 mod names;

@@ -111,6 +111,7 @@
 
 #![cfg(unix)]
 
+mod election;
 mod folder;
 mod prune;
 
@@ -519,10 +520,40 @@ fn write_owner(file: &mut File, owner: &Owner) -> io::Result<()> {
 
 #[async_trait]
 impl LockBackend for FileBackend {
-    leasehold_core::refuse_primitives!("not built yet");
+    fn semaphore(
+        self: Arc<Self>,
+        _limit: leasehold_core::PermitLimit,
+    ) -> Result<Arc<dyn leasehold_core::PermitBackend>, Error> {
+        Err(Error::unsupported_primitive(
+            NAME,
+            "semaphores",
+            "not built yet",
+        ))
+    }
+
+    /// A view over a backend of the `elections` subfolder (see the `election` module).
+    fn election(
+        self: Arc<Self>,
+        candidate: leasehold_core::Candidate,
+    ) -> Result<Arc<dyn leasehold_core::ElectionBackend>, Error> {
+        let mut config = self.inner.config.clone();
+        config.dir = config.dir.join(election::SUBFOLDER);
+        let sharing = config.sharing;
+        let locks = FileBackend::new(config)?;
+        let paths = locks.clone();
+        let side: election::SidePath =
+            Arc::new(move |k: &LockKey| paths.lock_path(k).with_extension("leader"));
+        Ok(Arc::new(leasehold_core::LockElection::new(
+            Arc::new(locks),
+            Arc::new(election::FileLeaders::new(side, sharing)),
+            candidate,
+            election::POLL,
+        )))
+    }
 
     fn capabilities(&self) -> Capabilities {
         Capabilities::new(NAME, SafetyClass::Host, FencingKind::Monotonic)
+            .with_elections()
             .with_wait(WaitKind::Poll)
             .with_renewal(RenewalKind::Session)
             .with_ttl_range(self.inner.config.check_interval * 2, DEFAULT_MAX_TTL)

@@ -14,10 +14,11 @@ use tokio::time::Instant;
 
 use crate::NAME;
 use crate::config::PostgresConfig;
+use crate::election::{Advisory, PgElection};
 use crate::error::{is_lock_timeout, pg_error};
 use crate::gate::{Gate, Gates};
 use crate::grant::{GrantInner, OnSession, PgGrant, Unlocking};
-use crate::key::{advisory_key, explicit_key};
+use crate::key::{AdvisoryId, advisory_key, explicit_key};
 use crate::pool::{Lent, Pool};
 use crate::session::Canceller;
 use crate::watch::{CONNECTION_ENDED, Watched, lock};
@@ -139,7 +140,7 @@ impl PostgresBackend {
     /// connect, the clock is read again.
     async fn one_try(
         &self,
-        id: i64,
+        id: AdvisoryId,
         gate: Gate,
         asked: Instant,
         until: Option<Instant>,
@@ -192,7 +193,7 @@ impl PostgresBackend {
     fn grant(
         &self,
         monitor: &LeaseMonitor,
-        id: i64,
+        id: AdvisoryId,
         on: OnSession,
         gate: Option<Gate>,
         token: FencingToken,
@@ -235,7 +236,7 @@ impl PostgresBackend {
     async fn server_wait(
         &self,
         lent: Lent,
-        id: i64,
+        id: AdvisoryId,
         deadline: Instant,
     ) -> Result<Option<(OnSession, FencingToken, Instant)>, Error> {
         let remaining = deadline.saturating_duration_since(Instant::now());
@@ -292,6 +293,71 @@ impl PostgresBackend {
             )),
         }
     }
+
+    /// `try_lock` on advisory key `id` (either key space).
+    pub(crate) async fn try_at(
+        &self,
+        id: AdvisoryId,
+        req: LockRequest<'_>,
+    ) -> Result<Option<Grant>, Error> {
+        let Some(gate) = self.shared.gates.try_enter(id) else {
+            return Ok(None);
+        };
+        match self.one_try(id, gate, req.started, None).await? {
+            TryOutcome::Granted(on, g, token, sent) => {
+                Ok(Some(self.grant(req.monitor, id, on, g, token, sent)))
+            }
+            TryOutcome::Busy(_) => Ok(None),
+        }
+    }
+
+    /// `wait_lock` on advisory key `id` (either key space).
+    pub(crate) async fn wait_at(
+        &self,
+        id: AdvisoryId,
+        req: LockRequest<'_>,
+        deadline: Instant,
+    ) -> Result<Waited, Error> {
+        let Some(gate) = self.shared.gates.enter_until(id, deadline).await else {
+            return Ok(Waited::new(None, 1));
+        };
+        let mut gate = Some(gate);
+        let mut attempts = 0;
+        loop {
+            // A try first: one round trip when the lock is free.
+            let Some(g) = gate.take() else {
+                return Err(internal("gate vanished"));
+            };
+            attempts += 1;
+            match self.one_try(id, g, req.started, Some(deadline)).await? {
+                TryOutcome::Granted(on, g, token, sent) => {
+                    let grant = self.grant(req.monitor, id, on, g, token, sent);
+                    return Ok(Waited::new(Some(grant), attempts));
+                }
+                TryOutcome::Busy(g) => gate = g,
+            }
+            if Instant::now() >= deadline {
+                return Ok(Waited::new(None, attempts));
+            }
+            // Then the server's fair queue, on a session lent whole if one is free.
+            if let Some(lent) = self.shared.pool.exclusive().await? {
+                attempts += 1;
+                return Ok(match self.server_wait(lent, id, deadline).await? {
+                    Some((on, token, started)) => {
+                        let grant = self.grant(req.monitor, id, on, gate, token, started);
+                        Waited::new(Some(grant), attempts)
+                    }
+                    None => Waited::new(None, attempts),
+                });
+            }
+            // Every session carries locks or a wait: poll with backoff (jittered so that
+            // pollers do not move in step) and look for a free session again.
+            let pause = POLL
+                .delay(attempts)
+                .min(deadline.saturating_duration_since(Instant::now()));
+            tokio::time::sleep(pause).await;
+        }
+    }
 }
 
 enum TryOutcome {
@@ -345,10 +411,27 @@ fn internal(msg: &str) -> Error {
 
 #[async_trait]
 impl LockBackend for PostgresBackend {
-    leasehold_core::refuse_primitives!("not built yet");
+    fn semaphore(
+        self: Arc<Self>,
+        _limit: leasehold_core::PermitLimit,
+    ) -> Result<Arc<dyn leasehold_core::PermitBackend>, Error> {
+        Err(Error::unsupported_primitive(
+            NAME,
+            "semaphores",
+            "not built yet",
+        ))
+    }
+
+    fn election(
+        self: Arc<Self>,
+        candidate: leasehold_core::Candidate,
+    ) -> Result<Arc<dyn leasehold_core::ElectionBackend>, Error> {
+        Ok(Arc::new(PgElection::new((*self).clone(), candidate)))
+    }
 
     fn capabilities(&self) -> Capabilities {
         Capabilities::new(NAME, SafetyClass::Correctness, FencingKind::Monotonic)
+            .with_elections()
             .with_wait(WaitKind::Native)
             .with_renewal(RenewalKind::Session)
             .with_ttl_range(
@@ -359,59 +442,13 @@ impl LockBackend for PostgresBackend {
     }
 
     async fn try_lock(&self, req: LockRequest<'_>) -> Result<Option<Grant>, Error> {
-        let id = self.lock_id(req.key);
-        let Some(gate) = self.shared.gates.try_enter(id) else {
-            return Ok(None);
-        };
-        match self.one_try(id, gate, req.started, None).await? {
-            TryOutcome::Granted(on, g, token, sent) => {
-                Ok(Some(self.grant(req.monitor, id, on, g, token, sent)))
-            }
-            TryOutcome::Busy(_) => Ok(None),
-        }
+        self.try_at(AdvisoryId::Big(self.lock_id(req.key)), req)
+            .await
     }
 
     async fn wait_lock(&self, req: LockRequest<'_>, deadline: Instant) -> Result<Waited, Error> {
-        let id = self.lock_id(req.key);
-        let Some(gate) = self.shared.gates.enter_until(id, deadline).await else {
-            return Ok(Waited::new(None, 1));
-        };
-        let mut gate = Some(gate);
-        let mut attempts = 0;
-        loop {
-            // A try first: one round trip when the lock is free.
-            let Some(g) = gate.take() else {
-                return Err(internal("gate vanished"));
-            };
-            attempts += 1;
-            match self.one_try(id, g, req.started, Some(deadline)).await? {
-                TryOutcome::Granted(on, g, token, sent) => {
-                    let grant = self.grant(req.monitor, id, on, g, token, sent);
-                    return Ok(Waited::new(Some(grant), attempts));
-                }
-                TryOutcome::Busy(g) => gate = g,
-            }
-            if Instant::now() >= deadline {
-                return Ok(Waited::new(None, attempts));
-            }
-            // Then the server's fair queue, on a session lent whole if one is free.
-            if let Some(lent) = self.shared.pool.exclusive().await? {
-                attempts += 1;
-                return Ok(match self.server_wait(lent, id, deadline).await? {
-                    Some((on, token, started)) => {
-                        let grant = self.grant(req.monitor, id, on, gate, token, started);
-                        Waited::new(Some(grant), attempts)
-                    }
-                    None => Waited::new(None, attempts),
-                });
-            }
-            // Every session carries locks or a wait: poll with backoff (jittered so that
-            // pollers do not move in step) and look for a free session again.
-            let pause = POLL
-                .delay(attempts)
-                .min(deadline.saturating_duration_since(Instant::now()));
-            tokio::time::sleep(pause).await;
-        }
+        self.wait_at(AdvisoryId::Big(self.lock_id(req.key)), req, deadline)
+            .await
     }
 
     async fn release(&self, held: Held<'_>) -> Result<bool, Error> {
@@ -455,7 +492,13 @@ impl LockBackend for PostgresBackend {
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
-        let id = self.lock_id(key);
+        self.holder_at(AdvisoryId::Big(self.lock_id(key))).await
+    }
+}
+
+impl PostgresBackend {
+    /// What `pg_locks` says of the holder of advisory key `id`.
+    pub(crate) async fn holder_at(&self, id: AdvisoryId) -> Result<Option<HolderInfo>, Error> {
         let lent = self.shared.pool.shared(None).await?;
         let pid = lent
             .session
@@ -467,6 +510,34 @@ impl LockBackend for PostgresBackend {
             HolderInfo::unknown()
                 .with_detail(format!("advisory lock {id} held by backend pid {pid}"))
         }))
+    }
+}
+
+#[async_trait]
+impl Advisory for PostgresBackend {
+    fn name(&self, key: &LockKey) -> String {
+        format!("{}{}", self.shared.pool.cfg.prefix, key.as_str())
+    }
+
+    async fn try_at(&self, id: AdvisoryId, req: LockRequest<'_>) -> Result<Option<Grant>, Error> {
+        PostgresBackend::try_at(self, id, req).await
+    }
+
+    async fn wait_at(
+        &self,
+        id: AdvisoryId,
+        req: LockRequest<'_>,
+        deadline: Instant,
+    ) -> Result<Waited, Error> {
+        PostgresBackend::wait_at(self, id, req, deadline).await
+    }
+
+    async fn holder_at(&self, id: AdvisoryId) -> Result<Option<HolderInfo>, Error> {
+        PostgresBackend::holder_at(self, id).await
+    }
+
+    fn pool(&self) -> &Arc<Pool> {
+        &self.shared.pool
     }
 }
 

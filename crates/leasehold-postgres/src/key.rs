@@ -76,6 +76,39 @@ pub fn numeric_key(id: i64) -> LockKey {
     }
 }
 
+/// An advisory-lock key in one of PostgreSQL's two key spaces, which never overlap: a
+/// `bigint` (locks) or a pair of `int4` (elections; `pg_locks` shows it with `objsubid = 2`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum AdvisoryId {
+    /// `pg_advisory_lock(bigint)`.
+    Big(i64),
+    /// `pg_advisory_lock(int4, int4)`.
+    Pair(i32, i32),
+}
+
+impl AdvisoryId {
+    /// `(classid, objid, objsubid)` as `pg_locks` shows the lock.
+    pub(crate) fn pg_locks(self) -> (u32, u32, i16) {
+        match self {
+            Self::Big(id) => {
+                let (classid, objid) = pg_locks_ids(id);
+                (classid, objid, 1)
+            }
+            Self::Pair(a, b) => (a as u32, b as u32, 2),
+        }
+    }
+}
+
+impl std::fmt::Display for AdvisoryId {
+    /// The arguments of `pg_advisory_lock(…)`, as SQL literals.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Big(id) => write!(f, "{id}"),
+            Self::Pair(a, b) => write!(f, "{a}, {b}"),
+        }
+    }
+}
+
 /// The pair `(classid, objid)` under which `pg_locks` shows a `bigint` advisory lock (with
 /// `objsubid = 1`): the high and the low 32 bits of the key.
 pub fn pg_locks_ids(id: i64) -> (u32, u32) {

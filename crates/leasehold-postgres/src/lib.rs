@@ -220,6 +220,7 @@
 mod backend;
 mod config;
 mod conninfo;
+mod election;
 mod error;
 mod fence;
 mod gate;
@@ -238,6 +239,7 @@ pub use config::{
     DEFAULT_HEALTH_INTERVAL, DEFAULT_HEALTH_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_SESSIONS,
     DEFAULT_PREFIX, PostgresConfig, SCHEMES,
 };
+pub use election::{ELECTION_SPACE, LEADERS_TABLE};
 pub use fence::PostgresFenceStore;
 pub use key::{NUMERIC_KEY_PREFIX, advisory_key, numeric_key, pg_locks_ids};
 

@@ -13,6 +13,7 @@ use tokio_postgres::{CancelToken, Client, NoTls, Socket};
 use crate::NAME;
 use crate::config::PostgresConfig;
 use crate::error::{connect_error, pg_error};
+use crate::key::AdvisoryId;
 use crate::probe::{Probe, Statements, WeakProbe};
 use crate::tls::{Tls, TlsMode};
 use crate::watch::Watcher;
@@ -23,6 +24,10 @@ use crate::watch::Watcher;
 /// (`standard_conforming_strings`) can change what it names).
 pub(crate) const TRY_LOCK_SQL: &str =
     "SELECT CASE WHEN pg_try_advisory_lock($1::bigint) THEN nextval($2::text::regclass) END";
+/// `try_lock` on a two-key advisory lock (`$1`, `$2`: elections), the sequence named by `$3`
+/// as in [`TRY_LOCK_SQL`]; sent unprepared, as elections are rare.
+pub(crate) const TRY_PAIR_SQL: &str = "SELECT CASE WHEN pg_try_advisory_lock($1::int4, $2::int4) \
+     THEN nextval($3::text::regclass) END";
 /// `nextval` of the sequence named by `$1` (as in [`TRY_LOCK_SQL`]).
 pub(crate) const NEXTVAL_SQL: &str = "SELECT nextval($1::text::regclass)";
 
@@ -171,6 +176,11 @@ impl Session {
         })
     }
 
+    /// The connection, for the election table's statements.
+    pub(crate) fn client(&self) -> &Client {
+        &self.client
+    }
+
     pub(crate) fn is_closed(&self) -> bool {
         self.client.is_closed() || *self.closed.borrow()
     }
@@ -202,11 +212,19 @@ impl Session {
     }
 
     /// One round trip: the lock if free, with its fencing token; `None` if held elsewhere.
-    pub(crate) async fn try_lock(&self, id: i64) -> Result<Option<i64>, tokio_postgres::Error> {
-        let row = self
-            .client
-            .query_one(&self.stmts.try_lock, &[&id, &self.stmts.sequence])
-            .await?;
+    pub(crate) async fn try_lock(
+        &self,
+        id: AdvisoryId,
+    ) -> Result<Option<i64>, tokio_postgres::Error> {
+        let seq = &self.stmts.sequence;
+        let row = match id {
+            AdvisoryId::Big(id) => {
+                self.client
+                    .query_one(&self.stmts.try_lock, &[&id, seq])
+                    .await?
+            }
+            AdvisoryId::Pair(a, b) => self.client.query_one(TRY_PAIR_SQL, &[&a, &b, seq]).await?,
+        };
         row.try_get::<_, Option<i64>>(0)
     }
 
@@ -219,7 +237,7 @@ impl Session {
     /// lock, once granted, outlives the implicit transaction.
     pub(crate) async fn wait_lock(
         &self,
-        id: i64,
+        id: AdvisoryId,
         timeout_ms: u64,
     ) -> Result<(), tokio_postgres::Error> {
         // lock_timeout = 0 would mean "no timeout": never send it.
@@ -239,22 +257,31 @@ impl Session {
     }
 
     /// `pg_advisory_unlock`: `true` if this session held the lock.
-    pub(crate) async fn unlock(&self, id: i64) -> Result<bool, tokio_postgres::Error> {
-        let row = self.client.query_one(&self.stmts.unlock, &[&id]).await?;
+    pub(crate) async fn unlock(&self, id: AdvisoryId) -> Result<bool, tokio_postgres::Error> {
+        let row = match id {
+            AdvisoryId::Big(id) => self.client.query_one(&self.stmts.unlock, &[&id]).await?,
+            AdvisoryId::Pair(a, b) => {
+                let sql = "SELECT pg_advisory_unlock($1::int4, $2::int4)";
+                self.client.query_one(sql, &[&a, &b]).await?
+            }
+        };
         row.try_get::<_, bool>(0)
     }
 
     /// Runs `SELECT pid FROM pg_locks …` for the holder of `id` (any session).
-    pub(crate) async fn holder_pid(&self, id: i64) -> Result<Option<i32>, tokio_postgres::Error> {
-        let (classid, objid) = crate::key::pg_locks_ids(id);
+    pub(crate) async fn holder_pid(
+        &self,
+        id: AdvisoryId,
+    ) -> Result<Option<i32>, tokio_postgres::Error> {
+        let (classid, objid, objsubid) = id.pg_locks();
         let row = self
             .client
             .query_opt(
                 "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted \
                  AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
-                 AND classid = $1 AND objid = $2 AND objsubid = 1 AND mode = 'ExclusiveLock' \
+                 AND classid = $1 AND objid = $2 AND objsubid = $3 AND mode = 'ExclusiveLock' \
                  LIMIT 1",
-                &[&classid, &objid],
+                &[&classid, &objid, &objsubid],
             )
             .await?;
         row.map(|r| r.try_get::<_, Option<i32>>(0))
@@ -307,7 +334,7 @@ mod tests {
         let (ready, seq) = (OnceCell::new(), cfg.fence_sequence_sql());
         let a = Session::open(&cfg, &seq, &ready).await.unwrap();
         let b = Session::open(&cfg, &seq, &ready).await.unwrap();
-        let id: i64 = rand::random();
+        let id = AdvisoryId::Big(rand::random());
         assert!(b.try_lock(id).await.unwrap().is_some());
         assert_eq!(a.show("lock_timeout").await.unwrap(), "0");
 

@@ -32,6 +32,8 @@ const FENCE: &str = ":fence";
 const CHANNEL: &str = ":released";
 const QUEUE: &str = ":queue";
 const WAITERS: &str = ":waiters";
+const ELECT: &str = ":elect";
+const LEADER: &str = ":leader";
 /// What follows the prefix instead of `{` for a key beginning with `}` (see [`Names`]).
 const EMPTY_TAG: &str = "~{~}";
 
@@ -44,6 +46,21 @@ impl Names {
         lock.push_str(key);
         lock.push('}');
         Self { lock }
+    }
+
+    /// The names of election `key`: the leadership is a lock named `<prefix>{<key>}:elect`
+    /// (`<prefix>~{~}<key>}:elect` for a key beginning with `}`, as for locks; its fence
+    /// counter, channel and queues derive from that name as a lock's do), on the same hash slot
+    /// as the lock of `key` and never one of its names.
+    pub(crate) fn election(prefix: &str, key: &LockKey) -> Self {
+        let mut names = Self::new(prefix, key);
+        names.lock.push_str(ELECT);
+        names
+    }
+
+    /// Elections: the leader's owner value and candidate value, `<owner>\n<value>`.
+    pub(crate) fn leader(&self) -> Derived<'_> {
+        self.derived(LEADER)
     }
 
     /// The lock: a string holding the owner value, with a TTL.
@@ -180,6 +197,19 @@ mod tests {
                 seen.insert(n.lock().to_owned()),
                 "{key:?}: {} is shared",
                 n.lock()
+            );
+            // An election's names follow the same rule: on the lock's slot, never its names.
+            let e = Names::election("p:", &LockKey::new(key).unwrap());
+            assert_eq!(hash_tag(e.lock()), tag, "{key:?}: {}", e.lock());
+            for derived in [e.fence(), e.channel(), e.queue(), e.waiters(), e.leader()] {
+                let name = derived.to_string();
+                assert_eq!(hash_tag(&name), tag, "{key:?}: {name} vs {}", e.lock());
+                assert!(seen.insert(name), "{key:?}: a name is shared");
+            }
+            assert!(
+                seen.insert(e.lock().to_owned()),
+                "{key:?}: {} is shared",
+                e.lock()
             );
         }
         assert_eq!(

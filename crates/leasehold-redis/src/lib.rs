@@ -213,6 +213,7 @@
 //! passed (it is gone by then). Other server errors are `Backend` errors, never retried.
 
 mod config;
+mod election;
 mod fence;
 mod keys;
 mod node;

@@ -18,6 +18,7 @@ use tokio::time::Instant;
 
 use crate::config::{Deployment, REDIS as NAME, RedisConfig, invalid};
 use crate::fence::FenceExpiry;
+use crate::keys::Names;
 use crate::node::{Connector, Node, Taken, names};
 use crate::renew::extend_on;
 use crate::replica::{ReplicaSync, Source};
@@ -28,7 +29,8 @@ use crate::sentinel::SentinelConnector;
 const CAPABILITIES: Capabilities =
     Capabilities::new(NAME, SafetyClass::Efficiency, FencingKind::BestEffort)
         .with_wait(WaitKind::Native)
-        .with_ttl_range(Duration::from_millis(10), leasehold_core::DEFAULT_MAX_TTL);
+        .with_ttl_range(Duration::from_millis(10), leasehold_core::DEFAULT_MAX_TTL)
+        .with_elections();
 
 /// Locks on one Redis server: an *efficiency* lock with a best-effort fencing token.
 ///
@@ -37,6 +39,8 @@ const CAPABILITIES: Capabilities =
 #[derive(Clone)]
 pub struct RedisBackend {
     inner: Arc<Inner>,
+    /// Whether this is the election view's lock: the names of elections (`…:elect`).
+    elect: bool,
 }
 
 struct Inner {
@@ -46,7 +50,7 @@ struct Inner {
     config: RedisConfig,
     wake: Arc<WakeHub>,
     /// Local FIFO queues: one Redis contender per key per backend.
-    queues: Mutex<HashMap<LockKey, Arc<KeyQueue>>>,
+    queues: Mutex<HashMap<(bool, LockKey), Arc<KeyQueue>>>,
 }
 
 #[derive(Default)]
@@ -184,6 +188,7 @@ impl RedisBackend {
                 wake,
                 queues: Mutex::new(HashMap::new()),
             }),
+            elect: false,
         })
     }
 
@@ -213,7 +218,7 @@ impl RedisBackend {
 
     /// One attempt; in fair mode, `enqueue` joins the line (or refreshes our place in it).
     async fn attempt(&self, req: &LockRequest<'_>, enqueue: bool) -> Result<Option<Grant>, Error> {
-        let names = names(&self.inner.config.prefix, req.key);
+        let names = self.names(req.key);
         let fence = FenceExpiry(self.inner.config.fence_ttl);
         let taken = match self.inner.config.fair {
             Some(grace) => {
@@ -258,11 +263,7 @@ impl RedisBackend {
     /// Releases `owner`'s grant (or place in the fair line) on `key` in a task.
     fn give_back(&self, key: &LockKey, owner: &leasehold_core::Owner) {
         let fair = self.inner.config.fair.is_some();
-        let (node, names, owner) = (
-            Arc::clone(&self.inner.node),
-            names(&self.inner.config.prefix, key),
-            owner.clone(),
-        );
+        let (node, names, owner) = (Arc::clone(&self.inner.node), self.names(key), owner.clone());
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             drop(rt.spawn(async move {
                 if let Err(e) = node.release(&names, &owner, fair).await {
@@ -272,13 +273,22 @@ impl RedisBackend {
         }
     }
 
+    /// The Redis names of `key`: a lock's, or in the election view an election's.
+    fn names(&self, key: &LockKey) -> Names {
+        if self.elect {
+            Names::election(&self.inner.config.prefix, key)
+        } else {
+            names(&self.inner.config.prefix, key)
+        }
+    }
+
     fn queue(&self, key: &LockKey) -> Arc<KeyQueue> {
         let mut queues = self
             .inner
             .queues
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        Arc::clone(queues.entry(key.clone()).or_default())
+        Arc::clone(queues.entry((self.elect, key.clone())).or_default())
     }
 
     /// Drops the local queue of `key` once nobody waits in it.
@@ -289,8 +299,12 @@ impl RedisBackend {
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         drop(queue);
-        if queues.get(key).is_some_and(|q| Arc::strong_count(q) == 1) {
-            queues.remove(key);
+        let entry = (self.elect, key.clone());
+        if queues
+            .get(&entry)
+            .is_some_and(|q| Arc::strong_count(q) == 1)
+        {
+            queues.remove(&entry);
         }
     }
 }
@@ -387,7 +401,34 @@ impl Drop for Subscription {
 
 #[async_trait]
 impl LockBackend for RedisBackend {
-    leasehold_core::refuse_primitives!("not built yet");
+    fn semaphore(
+        self: Arc<Self>,
+        _limit: leasehold_core::PermitLimit,
+    ) -> Result<Arc<dyn leasehold_core::PermitBackend>, Error> {
+        Err(Error::unsupported_primitive(
+            NAME,
+            "semaphores",
+            "not built yet",
+        ))
+    }
+
+    fn election(
+        self: Arc<Self>,
+        candidate: leasehold_core::Candidate,
+    ) -> Result<Arc<dyn leasehold_core::ElectionBackend>, Error> {
+        let node = Arc::clone(&self.inner.node);
+        let locks = Self {
+            inner: Arc::clone(&self.inner),
+            elect: true,
+        };
+        let store = crate::election::RedisLeaders::new(node, self.inner.config.prefix.clone());
+        Ok(Arc::new(leasehold_core::LockElection::new(
+            Arc::new(locks),
+            Arc::new(store),
+            candidate,
+            crate::election::POLL,
+        )))
+    }
 
     fn capabilities(&self) -> Capabilities {
         CAPABILITIES
@@ -411,7 +452,7 @@ impl LockBackend for RedisBackend {
         let Ok(_turn) = tokio::time::timeout_at(deadline, q.turn.lock()).await else {
             return Ok(Waited::new(None, 0));
         };
-        let names = names(&self.inner.config.prefix, req.key);
+        let names = self.names(req.key);
         let sub = Subscription::new(
             &self.inner.node,
             &self.inner.wake,
@@ -450,7 +491,7 @@ impl LockBackend for RedisBackend {
     }
 
     async fn release(&self, held: Held<'_>) -> Result<bool, Error> {
-        let names = names(&self.inner.config.prefix, held.key);
+        let names = self.names(held.key);
         self.inner
             .node
             .release(&names, held.owner, self.inner.config.fair.is_some())
@@ -458,7 +499,7 @@ impl LockBackend for RedisBackend {
     }
 
     async fn extend(&self, req: ExtendRequest<'_>) -> Result<Option<Validity>, Error> {
-        let names = names(&self.inner.config.prefix, req.held.key);
+        let names = self.names(req.held.key);
         let ok = self
             .inner
             .node
@@ -481,7 +522,7 @@ impl LockBackend for RedisBackend {
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
-        let names = names(&self.inner.config.prefix, key);
+        let names = self.names(key);
         Ok(self
             .inner
             .node

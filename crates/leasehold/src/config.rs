@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use leasehold_core::driver::{Opening, Target};
 use leasehold_core::redact;
-use leasehold_core::{Backoff, Drift, Error, LockOptions, Locker, Renewal};
+use std::sync::Arc;
+
+use leasehold_core::{Backoff, Drift, Error, LockBackend, LockOptions, Locker, Renewal};
 use serde::Deserialize;
 
 use crate::registry::{check_encoded, invalid, open, scheme_of};
@@ -393,6 +395,27 @@ impl LockConfig {
     /// monotonic fencing tokens (the error says what it lacks, from
     /// [`Capabilities::correctness_gap`](leasehold_core::Capabilities::correctness_gap)).
     pub async fn build(&self) -> Result<Locker, Error> {
+        let backend = self.checked_backend().await?;
+        Locker::from_arc(backend).with_options(self.lock_options())
+    }
+
+    /// Opens the backend and returns an [`Elector`](leasehold_core::Elector) for `key`
+    /// publishing `candidate`, with this configuration's options (its TTL is the leadership's).
+    ///
+    /// Fails as [`build`](Self::build) does (`require = "correctness"` applies to the
+    /// election), and with [`ErrorKind::Unsupported`](leasehold_core::ErrorKind::Unsupported)
+    /// and the backend's reason when it gives no elections (Redlock).
+    pub async fn build_elector(
+        &self,
+        key: impl leasehold_core::IntoLockKey,
+        candidate: leasehold_core::Candidate,
+    ) -> Result<leasehold_core::Elector, Error> {
+        let backend = self.checked_backend().await?;
+        leasehold_core::Elector::new(backend, key, candidate, self.lock_options())
+    }
+
+    /// The backend, opened and checked against `require`.
+    async fn checked_backend(&self) -> Result<Arc<dyn LockBackend>, Error> {
         let backend = self.opening()?.await?;
         if self.require == Require::Correctness
             && let Some(gap) = backend.capabilities().correctness_gap()
@@ -402,7 +425,7 @@ impl LockConfig {
                 backend.name()
             )));
         }
-        Locker::from_arc(backend).with_options(self.lock_options())
+        Ok(backend)
     }
 
     fn redacted_backend(&self) -> String {

@@ -20,6 +20,8 @@
 //!    before another client can acquire;
 //! 7. [`cancellation`]: 1,000 acquires dropped at random points leave nothing held;
 //! 8. [`bad_input`]: bad keys and TTLs are typed errors, not panics.
+//!
+//! Backends that give elections also pass the checks of [`election`].
 
 /// Fails `check` with a formatted message unless `cond` holds.
 macro_rules! ensure {
@@ -30,6 +32,7 @@ macro_rules! ensure {
     };
 }
 
+pub mod election;
 mod exclusion;
 mod lifetime;
 mod robustness;
