@@ -131,9 +131,15 @@
 //!   [`PostgresBackend::lock_xact`], which takes `pg_advisory_xact_lock` inside your own
 //!   transaction (released at its commit or rollback) with a fencing token from the same
 //!   transaction, and works through pgbouncer in transaction mode (tested).
-//! - A network partition that hides a dead server leaves the lock held *on the server* until
-//!   the server notices the dead client (its own keepalives); the holder is told it lost the
-//!   lease when the health check times out.
+//! - A network partition between holder and server: the holder is told it lost the lease when
+//!   its health check times out, but the server keeps the session, and with it the lock, until
+//!   a server setting ends it. TCP keep-alives alone are not enough: a probe is sent only while
+//!   nothing is in flight, and the answer to the holder's last health check usually is (its
+//!   ACK was cut), so the server retransmits it for about 15 minutes (`tcp_retries2`). Set
+//!   `tcp_user_timeout` on the server together with `tcp_keepalives_*` (or
+//!   `idle_session_timeout`, which a live holder's health checks never reach); without them the
+//!   lock stays taken until the path heals (measured in the partition tests,
+//!   `tests/partition.rs`). Fencing tokens protect the resource in between.
 //! - `sslmode=require` encrypts but does **not** authenticate the server (any certificate is
 //!   accepted): it stops passive eavesdroppers, not an active man in the middle. Use
 //!   `verify-full` (with `sslrootcert=<CA file>` for a private CA) to know whom you talk to.
@@ -143,8 +149,9 @@
 //!   `allow` do not use TLS. See *TLS* in [`PostgresConfig`].
 //! - A crashed holder's locks end with its process: the kernel closes the connection and the
 //!   server ends the session at once (`CrashRelease::ProcessExit` in the capabilities), whatever
-//!   the TTL. A host that vanishes without closing its connections is noticed by the server's
-//!   TCP keepalive (`tcp_keepalives_*` on the server).
+//!   the TTL. A host that vanishes without closing its connections is noticed only as a
+//!   partition is (above): by the server's `tcp_user_timeout` with `tcp_keepalives_*`, or
+//!   `idle_session_timeout`.
 //!
 //! # Key mapping
 //!
