@@ -7,8 +7,13 @@
 //! without TLS: a `warn!` (target `leasehold.plaintext`) by default, or an
 //! [`ErrorKind::InvalidConfig`] error when the configuration says
 //! `allow_plaintext_password=false`.
+//!
+//! [`read_tls_file`] is how every driver reads the PEM files a configuration names (CA,
+//! client certificate, client key): a regular file, at most [`MAX_TLS_FILE_BYTES`].
 
+use std::io::Read as _;
 use std::net::IpAddr;
+use std::path::Path;
 
 use crate::error::{Error, ErrorKind};
 
@@ -116,9 +121,54 @@ pub fn parse_allow_plaintext(backend: &'static str, value: &str) -> Result<bool,
     }
 }
 
+/// The largest PEM file (CA bundle, certificate, key) [`read_tls_file`] reads: 4 MiB, several
+/// times the operating system's whole root store.
+pub const MAX_TLS_FILE_BYTES: u64 = 4 << 20;
+
+/// Reads a PEM file a configuration names, refusing what is not a regular file (a FIFO or a
+/// device such as `/dev/zero` would block or never end) and anything over
+/// [`MAX_TLS_FILE_BYTES`], so that a wrong path cannot hang or exhaust the process.
+pub fn read_tls_file(path: &Path) -> std::io::Result<Vec<u8>> {
+    let file = std::fs::File::open(path)?;
+    let meta = file.metadata()?;
+    if !meta.is_file() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a regular file",
+        ));
+    }
+    let mut bytes = Vec::new();
+    file.take(MAX_TLS_FILE_BYTES + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > MAX_TLS_FILE_BYTES {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("larger than {} MiB", MAX_TLS_FILE_BYTES >> 20),
+        ));
+    }
+    Ok(bytes)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tls_files_must_be_small_regular_files() {
+        let dir = std::env::temp_dir().join(format!("leasehold-tls-file-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let small = dir.join("ca.pem");
+        std::fs::write(&small, b"-----BEGIN CERTIFICATE-----\n").unwrap();
+        assert_eq!(read_tls_file(&small).unwrap().len(), 28);
+        let big = dir.join("big.pem");
+        std::fs::write(&big, vec![b'a'; MAX_TLS_FILE_BYTES as usize + 1]).unwrap();
+        let e = read_tls_file(&big).unwrap_err();
+        assert!(e.to_string().contains("larger than 4 MiB"), "{e}");
+        // A device that never ends, and a folder: refused before reading.
+        let e = read_tls_file(Path::new("/dev/zero")).unwrap_err();
+        assert!(e.to_string().contains("not a regular file"), "{e}");
+        assert!(read_tls_file(&dir).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn loopback_hosts() {

@@ -409,7 +409,7 @@ fn read_pem(option: &str, path: &str) -> Result<Vec<u8>, Error> {
         "cert" => "the client certificate file",
         _ => "the client key file",
     };
-    std::fs::read(path)
+    leasehold_core::transport::read_tls_file(std::path::Path::new(path))
         .map_err(|e| invalid(format!("cannot read {what} {path:?} (`{option}`): {e}")))
 }
 

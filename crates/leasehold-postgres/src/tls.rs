@@ -159,13 +159,14 @@ fn load_roots(roots: &Roots) -> Result<RootCertStore, Error> {
 }
 
 fn read_pem_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, Error> {
-    let iter = CertificateDer::pem_file_iter(path).map_err(|e| {
+    let pem = leasehold_core::transport::read_tls_file(path).map_err(|e| {
         invalid(format!(
             "sslrootcert {}: cannot read it: {e}",
             path.display()
         ))
     })?;
-    iter.collect::<Result<Vec<_>, _>>()
+    CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<Vec<_>, _>>()
         .map_err(|e| invalid(format!("sslrootcert {}: not PEM: {e}", path.display())))
 }
 

@@ -57,7 +57,7 @@ fn plaintext_allowed(backend: &'static str, o: &UrlOptions) -> Result<bool, Erro
 }
 
 fn read_ca(backend: &'static str, path: &std::path::Path) -> Result<Vec<u8>, Error> {
-    std::fs::read(path).map_err(|e| {
+    leasehold_core::transport::read_tls_file(path).map_err(|e| {
         invalid(
             backend,
             // Through `redact`: the path is a URL option's value, where the rest of the
