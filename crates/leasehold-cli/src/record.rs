@@ -232,12 +232,8 @@ impl State {
 
     fn parse(text: &str) -> Self {
         let mut st = Self::default();
-        for line in text.lines() {
-            let Some((k, v)) = line.split_once('=') else {
-                continue;
-            };
-            let v = shell_unquote(v);
-            match k.trim() {
+        for (k, v) in assignments(text) {
+            match k {
                 "LEASEHOLD_STATE" => st.state = v,
                 "LEASEHOLD_KEY" => st.key = v,
                 "LEASEHOLD_BACKEND" => st.backend = v,
@@ -413,13 +409,39 @@ pub fn shell_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
 }
 
-/// The inverse of [`shell_quote`] for the values it writes.
-pub fn shell_unquote(s: &str) -> String {
-    let s = s.trim();
-    match s.strip_prefix('\'').and_then(|s| s.strip_suffix('\'')) {
-        Some(inner) => inner.replace(r"'\''", "'"),
-        None => s.to_owned(),
+/// The `NAME=value` assignments of a state file, each value read as a shell reads what
+/// [`shell_quote`] wrote: a single-quoted part may span lines (a key or a reason with a line
+/// break in it), `\x` outside quotes is `x`, white space outside quotes is dropped. A line
+/// without `=` is skipped.
+fn assignments(text: &str) -> Vec<(&str, String)> {
+    let mut out = Vec::new();
+    let mut rest = text;
+    while !rest.is_empty() {
+        let line_end = rest.find('\n').unwrap_or(rest.len());
+        let Some(eq) = rest[..line_end].find('=') else {
+            rest = rest.get(line_end + 1..).unwrap_or("");
+            continue;
+        };
+        let name = rest[..eq].trim();
+        let mut value = String::new();
+        let mut chars = rest[eq + 1..].char_indices();
+        let mut used = rest.len() - eq - 1;
+        while let Some((i, c)) = chars.next() {
+            match c {
+                '\n' => {
+                    used = i + 1;
+                    break;
+                }
+                '\'' => value.extend(chars.by_ref().map(|(_, c)| c).take_while(|&c| c != '\'')),
+                '\\' => value.extend(chars.next().map(|(_, c)| c)),
+                c if c.is_whitespace() => {}
+                c => value.push(c),
+            }
+        }
+        out.push((name, value));
+        rest = &rest[eq + 1 + used..];
     }
+    out
 }
 
 #[doc(hidden)]
@@ -468,8 +490,21 @@ mod tests {
 
     #[test]
     fn quoting_round_trips() {
-        for s in ["plain", "it's", "a b", "'", "", "x'\\''y"] {
-            assert_eq!(shell_unquote(&shell_quote(s)), s);
+        for s in [
+            "plain",
+            "it's",
+            "a b",
+            "'",
+            "",
+            "x'\\''y",
+            "two\nlines",
+            "\r\n'\n",
+        ] {
+            let text = format!("A={}\nB=after\n", shell_quote(s));
+            assert_eq!(
+                assignments(&text),
+                [("A", s.to_owned()), ("B", "after".to_owned())]
+            );
         }
         assert_eq!(shell_quote("it's"), r"'it'\''s'");
     }
