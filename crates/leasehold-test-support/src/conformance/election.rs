@@ -1,6 +1,7 @@
 //! The election contract every backend that gives elections must pass: one leader at a time,
 //! strictly increasing terms, a fast hand-over on `resign()`, `leader()` and `watch()` seeing
-//! each change, and a new leader with a higher term after a loss.
+//! each change, a new leader with a higher term after a loss, and a renewed leadership that
+//! outlives its TTL.
 //!
 //! A driver's tests run them all with [`election_tests!`](crate::election_tests), given an
 //! `async fn() -> Option<ElectionTarget>`.
@@ -79,11 +80,12 @@ impl ElectionTarget {
 }
 
 /// Every election check, by name, in order.
-pub const ELECTION_CHECKS: [&str; 4] = [
+pub const ELECTION_CHECKS: [&str; 5] = [
     "one_leader_at_a_time",
     "resign_hands_over",
     "leader_and_watch",
     "loss_brings_a_new_leader",
+    "a_renewed_leadership_lasts",
 ];
 
 /// The generous bound of every wait in these checks that should be short.
@@ -294,6 +296,32 @@ pub async fn loss_brings_a_new_leader(t: &ElectionTarget) -> Result<(), Failure>
     Ok(())
 }
 
+/// A leadership the watchdog renews outlives its TTL: three TTLs on it is not lost, and
+/// `leader()` still names it with its term. (The renewal goes through the election view's
+/// batched `extend_many`, which must renew the leadership, not a lock of the same key.)
+pub async fn a_renewed_leadership_lasts(t: &ElectionTarget) -> Result<(), Failure> {
+    const CHECK: &str = "a_renewed_leadership_lasts";
+    let key = unique_key(CHECK)?;
+    let a = t.elector(0, &key, "a", Renewal::Auto)?;
+    let lead = op(CHECK, "campaign", a.campaign_for(PATIENCE).await)?;
+    tokio::time::sleep(t.ttl * 3).await;
+    ensure!(
+        CHECK,
+        !lead.is_lost(),
+        "a renewed leadership was lost within three TTLs: {:?}",
+        lead.loss_reason()
+    );
+    let now = op(CHECK, "leader", a.leader().await)?;
+    ensure!(
+        CHECK,
+        now.as_ref().map(|l| l.term) == Some(lead.term()),
+        "leader() says {now:?}, the leadership has term {}",
+        lead.term()
+    );
+    op(CHECK, "resign", lead.resign().await)?;
+    Ok(())
+}
+
 /// Runs one election check by name (see [`ELECTION_CHECKS`]).
 pub async fn run_election(name: &str, t: &ElectionTarget) -> Result<(), Failure> {
     match name {
@@ -301,6 +329,7 @@ pub async fn run_election(name: &str, t: &ElectionTarget) -> Result<(), Failure>
         "resign_hands_over" => resign_hands_over(t).await,
         "leader_and_watch" => leader_and_watch(t).await,
         "loss_brings_a_new_leader" => loss_brings_a_new_leader(t).await,
+        "a_renewed_leadership_lasts" => a_renewed_leadership_lasts(t).await,
         other => Err(Failure::new(
             "run",
             format!("no election check named {other:?}"),
@@ -314,7 +343,8 @@ pub async fn run_election(name: &str, t: &ElectionTarget) -> Result<(), Failure>
 macro_rules! election_tests {
     ($target:path) => {
         $crate::election_tests!(@each $target;
-            one_leader_at_a_time, resign_hands_over, leader_and_watch, loss_brings_a_new_leader);
+            one_leader_at_a_time, resign_hands_over, leader_and_watch, loss_brings_a_new_leader,
+            a_renewed_leadership_lasts);
     };
     (@each $target:path; $($check:ident),+) => {
         $(
