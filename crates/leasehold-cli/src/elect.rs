@@ -119,6 +119,9 @@ pub(crate) async fn elect(args: ElectArgs) -> u8 {
                 if args.once || signals.forwarded {
                     return code::LOST;
                 }
+                if !args.quiet {
+                    eprintln!("leasehold: campaigning again for {key:?}");
+                }
             }
         }
     }

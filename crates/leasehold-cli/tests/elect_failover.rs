@@ -7,8 +7,9 @@
 //! - SIGSTOP of the leader's `leasehold elect --once` process past its TTL (its command runs
 //!   on) → a new leader with a higher term; the old command's writes with the old term are
 //!   rejected by a fenced resource once the new leader has written; SIGCONT → the old one
-//!   learns it lost, stops its command and exits 79 (Redis, etcd: the backends whose
-//!   leaderships expire).
+//!   learns it lost, stops its command and exits 79; the new leader, without `--once`,
+//!   paused alone past its TTL, stops its command on resuming and campaigns again, leading
+//!   with a higher term (Redis, etcd: the backends whose leaderships expire).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -280,8 +281,24 @@ async fn paused_leader(backend: &str, url: &str, crash: Duration) {
     assert_eq!(a.exit(QUICK).await, Some(79), "{}", a.stderr());
     assert!(a.stderr().contains("lost"), "{}", a.stderr());
     eventually("a's command is stopped", QUICK, || gone(run_a)).await;
-    assert_eq!(leader(&rt, &key, url).await, Some(second), "b still leads");
+    assert_eq!(
+        leader(&rt, &key, url).await,
+        Some(second.clone()),
+        "b still leads"
+    );
     assert_eq!(b.ran().len(), 1, "b led once: {:?}", b.ran());
+
+    // Without --once a lost leadership is campaigned for again: b, paused alone past its
+    // TTL, stops its command when it resumes and leads again, with a higher term.
+    let run_b = b.ran_under(second.term, QUICK).await;
+    b.signal(Signal::SIGSTOP);
+    tokio::time::sleep(crash + Duration::from_secs(2)).await;
+    b.signal(Signal::SIGCONT);
+    let (third, _) = until_leader(&rt, at, QUICK, |s| s.value == "b" && s.term > second.term).await;
+    b.ran_under(third.term, QUICK).await;
+    eventually("b's first command is stopped", QUICK, || gone(run_b)).await;
+    assert!(b.child.try_wait().unwrap().is_none(), "b campaigns on");
+    assert!(b.stderr().contains("campaigning again"), "{}", b.stderr());
     b.signal(Signal::SIGTERM);
     assert_eq!(b.exit(QUICK).await, Some(143), "{}", b.stderr());
     assert_eq!(leader(&rt, &key, url).await, None);
