@@ -1,10 +1,22 @@
 //! `leasehold leader`: who leads a key's election now.
 
-use leasehold::{Candidate, Leader};
+use std::time::Duration;
+
+use leasehold::{Backoff, Candidate, Elector, Leader};
+use tokio::time::Instant;
 
 use crate::code;
 use crate::lock::{Target, config_of, failure, warn_if_password_in_url};
 use crate::status::string;
+
+/// How long `leader` asks again after an error that may pass.
+const PATIENCE: Duration = Duration::from_secs(3);
+
+/// The pauses between those attempts.
+const BACKOFF: Backoff = Backoff {
+    initial: Duration::from_millis(20),
+    max: Duration::from_millis(500),
+};
 
 #[derive(clap::Args)]
 pub(crate) struct LeaderArgs {
@@ -34,7 +46,7 @@ pub(crate) async fn leader(args: LeaderArgs) -> u8 {
         Ok(e) => e,
         Err(e) => return failure(&e),
     };
-    let now = match elector.leader().await {
+    let now = match current(&elector).await {
         Ok(now) => now,
         Err(e) => return failure(&e),
     };
@@ -52,6 +64,23 @@ pub(crate) async fn leader(args: LeaderArgs) -> u8 {
         }
     }
     if now.is_some() { 0 } else { code::FREE }
+}
+
+/// [`Elector::leader`], asked again for up to [`PATIENCE`] while it fails in a way that may pass:
+/// a leader caught between taking the leadership and publishing its value, a server that
+/// does not answer for a moment.
+async fn current(elector: &Elector) -> Result<Option<Leader>, leasehold::Error> {
+    let t0 = Instant::now();
+    let mut attempt = 0u32;
+    loop {
+        match elector.leader().await {
+            Err(e) if e.is_retryable() && t0.elapsed() < PATIENCE => {
+                attempt += 1;
+                tokio::time::sleep(BACKOFF.delay(attempt)).await;
+            }
+            answer => return answer,
+        }
+    }
 }
 
 /// One JSON object: `key`, `backend`, `leader` (whether there is one), and when there is,
