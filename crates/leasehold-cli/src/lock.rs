@@ -9,12 +9,13 @@ use leasehold::{Error, ErrorKind, Lease, LockConfig, Locker, redact};
 use crate::code;
 
 /// After this long without the lock, say on stderr that we wait (unless `--quiet`).
-const WAIT_NOTICE: Duration = Duration::from_secs(1);
+pub(crate) const WAIT_NOTICE: Duration = Duration::from_secs(1);
 
 /// Which lock, on which backend.
 #[derive(clap::Args, Clone, Debug)]
 pub(crate) struct Target {
-    /// The lock's name (no control characters).
+    /// The name of the lock (or of the election, for `elect` and `leader`); no control
+    /// characters.
     #[arg(long, value_parser = cli_key)]
     pub(crate) key: String,
     /// The backend URL (file:///dir, redis://…, redlock://…, postgres://…, etcd://…). Default:

@@ -5,14 +5,6 @@ use leasehold::{FencingKind, HolderInfo, SafetyClass};
 use crate::code;
 use crate::lock::{Target, config_of, failure, warn_if_password_in_url};
 
-/// `println!` that does not panic when stdout is a closed pipe (`leasehold status | head -1`).
-macro_rules! out {
-    ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        let _ = writeln!(std::io::stdout(), $($arg)*);
-    }};
-}
-
 #[derive(clap::Args)]
 pub(crate) struct StatusArgs {
     #[command(flatten)]
@@ -144,7 +136,7 @@ fn json(
 }
 
 /// A JSON string literal.
-fn string(v: &str) -> String {
+pub(crate) fn string(v: &str) -> String {
     let mut s = String::with_capacity(v.len() + 2);
     s.push('"');
     for c in v.chars() {

@@ -295,18 +295,6 @@ async fn redis_by_hand_as_the_guide_shows() {
 
 // ----- Redlock -----
 
-fn redlock_url(nodes: &[String]) -> String {
-    let hosts: Vec<String> = nodes
-        .iter()
-        .map(|u| {
-            u.trim_start_matches("redis://")
-                .trim_end_matches('/')
-                .to_owned()
-        })
-        .collect();
-    format!("redlock://{}", hosts.join(","))
-}
-
 #[tokio::test]
 async fn redlock_end_to_end() {
     let nodes = require_service!(Service::Redlock).urls().to_vec();

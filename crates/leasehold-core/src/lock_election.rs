@@ -159,25 +159,21 @@ impl ElectionBackend for LockElection {
             let Some(holder) = self.locks.inspect(key).await? else {
                 return Ok(None);
             };
-            let (Some(owner), Some(term)) = (holder.owner, holder.fencing) else {
-                return Err(Error::new(
-                    ErrorKind::Unsupported,
-                    name,
-                    "the election lock does not report its holder and token",
-                ));
-            };
-            match self.store.read(key).await? {
-                Some((published, value)) if published == owner => {
-                    return Ok(Some(Leader::new(value, term)));
-                }
-                // Granted but not published yet (or publishing failed and the grant is going).
-                _ => tokio::time::sleep(UNPUBLISHED_RETRY).await,
+            // Granted but not published yet (or publishing failed and the grant is going), or
+            // a holder caught between taking the lock and writing its owner and token (a
+            // file lock): look again.
+            if let (Some(owner), Some(term)) = (holder.owner, holder.fencing)
+                && let Some((published, value)) = self.store.read(key).await?
+                && published == owner
+            {
+                return Ok(Some(Leader::new(value, term)));
             }
+            tokio::time::sleep(UNPUBLISHED_RETRY).await;
         }
         Err(Error::new(
             ErrorKind::Unavailable,
             name,
-            format!("the leader of {key:?} has not published its value"),
+            format!("the leader of {key:?} has not published its owner, term and value"),
         )
         .with_retryable(true))
     }

@@ -145,7 +145,8 @@ pub(crate) struct Job {
     prefix: Vec<u8>,
     owner: String,
     ttl: Duration,
-    /// The instant before our caller sent the request: no validity starts later.
+    /// The instant before the request that found our key first in line: our caller's, or
+    /// the last check of a wait. No validity starts later.
     started: Instant,
     monitor: LeaseMonitor,
     mode: Mode,
@@ -191,7 +192,10 @@ impl Job {
                 let key = waiter_key(&self.prefix, session.id());
                 let v = session.validity(self.ttl);
                 // A per-lock lease was granted after our caller's request started; count
-                // from the earlier instant, as the contract asks.
+                // from the earlier instant, as the contract asks. After a wait, from the last
+                // check (our key lived on its lease, renewed, meanwhile): counting from the
+                // start of a wait longer than the TTL would make a grant born expired, given
+                // back and queued again, behind later waiters, with a term nobody led under.
                 let validity = Validity::new(v.from.min(self.started), v.ttl);
                 session.watch(self.monitor.clone(), self.ttl);
                 let state = EtcdGrant {
@@ -356,7 +360,7 @@ impl Job {
     /// the deletion of our predecessor, again and again. `Ok(None)` at the deadline or when
     /// our caller is gone.
     async fn wait_turn(
-        &self,
+        &mut self,
         tx: &mut Answer,
         session: &Session,
         key: &[u8],
@@ -364,6 +368,7 @@ impl Job {
         deadline: Instant,
     ) -> Result<Option<i64>, Error> {
         loop {
+            self.started = Instant::now();
             // Our predecessor: the newest key created before ours. Also check our own key is
             // still there (a lost session deletes it, and then there is nothing to wait for).
             let txn = Txn::new().and_then([

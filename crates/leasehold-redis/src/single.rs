@@ -512,8 +512,9 @@ impl LockBackend for RedisBackend {
         &self,
         reqs: &[ExtendRequest<'_>],
     ) -> Vec<Result<Option<Validity>, Error>> {
-        let prefix = &self.inner.config.prefix;
-        let answers = extend_on(&self.inner.node, prefix, reqs, false, None).await;
+        // The names as this view maps keys: an election view's leases are elections.
+        let all: Vec<_> = reqs.iter().map(|r| self.names(r.held.key)).collect();
+        let answers = extend_on(&self.inner.node, &all, reqs, false, None).await;
         answers
             .into_iter()
             .zip(reqs)
