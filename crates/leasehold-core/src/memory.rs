@@ -10,8 +10,11 @@ use tokio::time::Instant;
 
 use crate::backend::{ExtendRequest, Grant, Held, HolderInfo, LockBackend, LockRequest, Waited};
 use crate::caps::{Capabilities, FencingKind, SafetyClass, WaitKind};
+use crate::election::{Candidate, ElectionBackend};
 use crate::error::Error;
 use crate::key::LockKey;
+use crate::memory_permits::{MemoryPermits, PermitTable};
+use crate::semaphore::{PermitBackend, PermitLimit};
 use crate::token::{FencingToken, Owner};
 use crate::validity::Validity;
 
@@ -36,6 +39,7 @@ pub struct MemoryBackend {
 struct State {
     slots: Mutex<HashMap<LockKey, Slot>>,
     fence: AtomicU64,
+    permits: Arc<PermitTable>,
 }
 
 #[derive(Debug)]
@@ -136,11 +140,28 @@ impl Drop for WaiterGuard<'_> {
 
 #[async_trait]
 impl LockBackend for MemoryBackend {
-    crate::refuse_primitives!("not built yet");
-
     fn capabilities(&self) -> Capabilities {
         Capabilities::new(NAME, SafetyClass::Process, FencingKind::Monotonic)
             .with_wait(WaitKind::Native)
+            .with_semaphores()
+    }
+
+    /// A [`MemoryPermits`] view sharing this backend's permits.
+    fn semaphore(self: Arc<Self>, limit: PermitLimit) -> Result<Arc<dyn PermitBackend>, Error> {
+        let table = Arc::clone(&self.inner.permits);
+        Ok(Arc::new(MemoryPermits::new(
+            table,
+            limit,
+            self.capabilities(),
+        )))
+    }
+
+    fn election(self: Arc<Self>, _candidate: Candidate) -> Result<Arc<dyn ElectionBackend>, Error> {
+        Err(Error::unsupported_primitive(
+            NAME,
+            "elections",
+            "not built yet",
+        ))
     }
 
     async fn try_lock(&self, req: LockRequest<'_>) -> Result<Option<Grant>, Error> {
