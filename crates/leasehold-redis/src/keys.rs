@@ -25,6 +25,13 @@ const FENCE: &str = ":fence";
 const CHANNEL: &str = ":released";
 const QUEUE: &str = ":queue";
 const WAITERS: &str = ":waiters";
+/// Semaphores: the holders (a sorted set), their token counter, their limit, their wake-ups.
+/// No semaphore suffix contains `}`, so no lock name (`<prefix>{<key>}` plus a lock suffix,
+/// whatever braces the key holds) ever equals a semaphore name.
+const PERMITS: &str = ":sem";
+const PERMIT_FENCE: &str = ":sem:fence";
+const PERMIT_LIMIT: &str = ":sem:limit";
+const PERMIT_CHANNEL: &str = ":sem:released";
 
 impl Names {
     pub(crate) fn new(prefix: &str, key: &LockKey) -> Self {
@@ -60,6 +67,26 @@ impl Names {
     /// Fair mode: owner value → server time (ms) until which that waiter counts as alive.
     pub(crate) fn waiters(&self) -> Derived<'_> {
         self.derived(WAITERS)
+    }
+
+    /// Semaphore: owner value → server time (ms) at which that permit expires.
+    pub(crate) fn permits(&self) -> Derived<'_> {
+        self.derived(PERMITS)
+    }
+
+    /// Semaphore: the permit token counter.
+    pub(crate) fn permit_fence(&self) -> Derived<'_> {
+        self.derived(PERMIT_FENCE)
+    }
+
+    /// Semaphore: the limit its holders agreed on (expires with the last permit).
+    pub(crate) fn permit_limit(&self) -> Derived<'_> {
+        self.derived(PERMIT_LIMIT)
+    }
+
+    /// Semaphore: the wake-up channel its release script publishes on.
+    pub(crate) fn permit_channel(&self) -> Derived<'_> {
+        self.derived(PERMIT_CHANNEL)
     }
 
     fn derived(&self, suffix: &'static str) -> Derived<'_> {
@@ -132,6 +159,48 @@ mod tests {
             ]
         );
         assert!(check_prefix("redis", "a{b".to_owned()).is_err());
+        Ok(())
+    }
+
+    /// Every name of a semaphore differs from every name of every lock, even of locks whose
+    /// keys hold braces and the semaphore suffixes.
+    #[test]
+    fn semaphore_names_never_collide_with_lock_names() -> Result<(), leasehold_core::KeyError> {
+        let n = Names::new("p:", &LockKey::new("a")?);
+        assert_eq!(n.permits().to_string(), "p:{a}:sem");
+        let sem = |n: &Names| {
+            [
+                n.permits(),
+                n.permit_fence(),
+                n.permit_limit(),
+                n.permit_channel(),
+            ]
+            .map(|d| d.to_string())
+        };
+        let lock = |n: &Names| {
+            let mut v = vec![n.lock().to_owned()];
+            v.extend([n.fence(), n.channel(), n.queue(), n.waiters()].map(|d| d.to_string()));
+            v
+        };
+        let keys = [
+            "a",
+            "a}",
+            "a}:sem",
+            "a}:sem:fence",
+            "a}:sem}",
+            "{a}",
+            "a:sem",
+            "}:sem",
+        ];
+        for k in keys {
+            let kn = Names::new("p:", &LockKey::new(k)?);
+            for j in keys {
+                let jn = Names::new("p:", &LockKey::new(j)?);
+                for s in sem(&kn) {
+                    assert!(!lock(&jn).contains(&s), "{s} is also a name of lock {j:?}");
+                }
+            }
+        }
         Ok(())
     }
 }

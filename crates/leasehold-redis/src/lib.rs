@@ -152,7 +152,9 @@ mod options;
 mod redlock;
 mod renew;
 mod scripts;
+pub mod semaphore;
 mod single;
+mod wake;
 
 use leasehold_core::Error;
 use leasehold_core::driver::{Driver, Opening, Target, connecting, ready};
