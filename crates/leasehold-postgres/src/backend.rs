@@ -6,9 +6,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use leasehold_core::{
-    Backoff, Capabilities, DEFAULT_MAX_TTL, Error, ErrorKind, ExtendRequest, FencingKind,
-    FencingToken, Grant, Held, HolderInfo, LeaseMonitor, LockBackend, LockKey, LockRequest,
-    RenewalKind, SafetyClass, Validity, WaitKind, Waited, async_trait,
+    Backoff, Error, ErrorKind, FencingToken, Grant, LeaseMonitor, LockKey, Validity,
 };
 use tokio::time::Instant;
 
@@ -17,10 +15,10 @@ use crate::config::PostgresConfig;
 use crate::error::{is_lock_timeout, pg_error};
 use crate::gate::{Gate, Gates};
 use crate::grant::{GrantInner, OnSession, PgGrant, Unlocking};
-use crate::key::{advisory_key, explicit_key};
+use crate::key::{LockId, advisory_key, explicit_key};
 use crate::pool::{Lent, Pool};
 use crate::session::Canceller;
-use crate::watch::{CONNECTION_ENDED, Watched, lock};
+use crate::watch::{CONNECTION_ENDED, Watched};
 
 /// How far past the caller's deadline a native wait may run (the server's `lock_timeout` ends
 /// it first) before the session counts as unresponsive and is closed.
@@ -29,7 +27,7 @@ const WAIT_GRACE: Duration = Duration::from_secs(5);
 const ID_CACHE: usize = 1024;
 /// The pauses of a waiting acquisition that polls (no session was free for a wait in the
 /// server): jittered, up to 4, 8, … 50 ms.
-const POLL: Backoff = Backoff {
+pub(crate) const POLL: Backoff = Backoff {
     initial: Duration::from_millis(4),
     max: Duration::from_millis(50),
 };
@@ -40,12 +38,12 @@ const POLL: Backoff = Backoff {
 /// cancellation. Cheap to clone: clones share the session pool and the in-process gate.
 #[derive(Clone)]
 pub struct PostgresBackend {
-    shared: Arc<Shared>,
+    pub(crate) shared: Arc<Shared>,
 }
 
-struct Shared {
-    pool: Arc<Pool>,
-    gates: Arc<Gates>,
+pub(crate) struct Shared {
+    pub(crate) pool: Arc<Pool>,
+    pub(crate) gates: Arc<Gates>,
     /// Names the grants in their sessions' health checks.
     next_grant: AtomicU64,
     /// Advisory-lock ids of recently used keys (see [`PostgresBackend::lock_id`]).
@@ -67,7 +65,7 @@ impl Shared {
         self.ids.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn window(&self) -> Duration {
+    pub(crate) fn window(&self) -> Duration {
         self.pool.cfg.validity_window()
     }
 }
@@ -120,6 +118,11 @@ impl PostgresBackend {
         id
     }
 
+    /// The shared session pool and the in-process gates, for the permit view.
+    pub(crate) fn parts(&self) -> (&Arc<Pool>, &Arc<Gates>) {
+        (&self.shared.pool, &self.shared.gates)
+    }
+
     /// How many sessions this backend has opened so far (for measurements and tests).
     pub fn sessions_opened(&self) -> u64 {
         self.shared.pool.opened()
@@ -140,9 +143,9 @@ impl PostgresBackend {
     /// pooled session it serves as the instant the statement left, which it precedes by
     /// microseconds (a validity counted from earlier is only more cautious). After a fresh
     /// connect, the clock is read again.
-    async fn one_try(
+    pub(crate) async fn one_try(
         &self,
-        id: i64,
+        id: LockId,
         gate: Gate,
         asked: Instant,
         until: Option<Instant>,
@@ -192,10 +195,10 @@ impl PostgresBackend {
 
     /// Builds the grant for a lock on `on`'s session and puts it under that session's health
     /// check.
-    fn grant(
+    pub(crate) fn grant(
         &self,
         monitor: &LeaseMonitor,
-        id: i64,
+        id: LockId,
         on: OnSession,
         gate: Option<Gate>,
         token: FencingToken,
@@ -235,7 +238,7 @@ impl PostgresBackend {
 
     /// Waits in the server's queue (`pg_advisory_lock` under `lock_timeout`) on a session lent
     /// whole. `None`: the wait timed out, the lock is not ours.
-    async fn server_wait(
+    pub(crate) async fn server_wait(
         &self,
         lent: Lent,
         id: i64,
@@ -297,7 +300,7 @@ impl PostgresBackend {
     }
 }
 
-enum TryOutcome {
+pub(crate) enum TryOutcome {
     /// Locked, with the token and the instant the statement was sent.
     Granted(OnSession, Option<Gate>, FencingToken, Instant),
     Busy(Option<Gate>),
@@ -332,134 +335,8 @@ impl Drop for CancelOnDrop {
     }
 }
 
-fn internal(msg: &str) -> Error {
+pub(crate) fn internal(msg: &str) -> Error {
     Error::new(ErrorKind::Backend, NAME, msg)
-}
-
-#[async_trait]
-impl LockBackend for PostgresBackend {
-    leasehold_core::refuse_primitives!("not built yet");
-
-    fn capabilities(&self) -> Capabilities {
-        Capabilities::new(NAME, SafetyClass::Correctness, FencingKind::Monotonic)
-            .with_wait(WaitKind::Native)
-            .with_renewal(RenewalKind::Session)
-            .with_ttl_range(
-                self.shared.window(),
-                DEFAULT_MAX_TTL.max(self.shared.window()),
-            )
-    }
-
-    async fn try_lock(&self, req: LockRequest<'_>) -> Result<Option<Grant>, Error> {
-        let id = self.lock_id(req.key);
-        let Some(gate) = self.shared.gates.try_enter(id) else {
-            return Ok(None);
-        };
-        match self.one_try(id, gate, req.started, None).await? {
-            TryOutcome::Granted(on, g, token, sent) => {
-                Ok(Some(self.grant(req.monitor, id, on, g, token, sent)))
-            }
-            TryOutcome::Busy(_) => Ok(None),
-        }
-    }
-
-    async fn wait_lock(&self, req: LockRequest<'_>, deadline: Instant) -> Result<Waited, Error> {
-        let id = self.lock_id(req.key);
-        let Some(gate) = self.shared.gates.enter_until(id, deadline).await else {
-            return Ok(Waited::new(None, 1));
-        };
-        let mut gate = Some(gate);
-        let mut attempts = 0;
-        loop {
-            // A try first: one round trip when the lock is free.
-            let Some(g) = gate.take() else {
-                return Err(internal("gate vanished"));
-            };
-            attempts += 1;
-            match self.one_try(id, g, req.started, Some(deadline)).await? {
-                TryOutcome::Granted(on, g, token, sent) => {
-                    let grant = self.grant(req.monitor, id, on, g, token, sent);
-                    return Ok(Waited::new(Some(grant), attempts));
-                }
-                TryOutcome::Busy(g) => gate = g,
-            }
-            if Instant::now() >= deadline {
-                return Ok(Waited::new(None, attempts));
-            }
-            // Then the server's fair queue, on a session lent whole if one is free.
-            if let Some(lent) = self.shared.pool.exclusive().await? {
-                attempts += 1;
-                return Ok(match self.server_wait(lent, id, deadline).await? {
-                    Some((on, token, started)) => {
-                        let grant = self.grant(req.monitor, id, on, gate, token, started);
-                        Waited::new(Some(grant), attempts)
-                    }
-                    None => Waited::new(None, attempts),
-                });
-            }
-            // Every session carries locks or a wait: poll with backoff (jittered so that
-            // pollers do not move in step) and look for a free session again.
-            let pause = POLL
-                .delay(attempts)
-                .min(deadline.saturating_duration_since(Instant::now()));
-            tokio::time::sleep(pause).await;
-        }
-    }
-
-    async fn release(&self, held: Held<'_>) -> Result<bool, Error> {
-        // No state: an acquisition whose outcome the Locker never saw. Our own guards already
-        // unlocked or closed its session (see `Unlocking` and `CancelOnDrop`).
-        let Some(PgGrant(inner)) = held.state::<PgGrant>() else {
-            return Ok(false);
-        };
-        inner.release().await
-    }
-
-    async fn extend(&self, req: ExtendRequest<'_>) -> Result<Option<Validity>, Error> {
-        let Some(PgGrant(inner)) = req.held.state::<PgGrant>() else {
-            return Ok(None);
-        };
-        let Some(probe) = lock(&inner.held).as_ref().map(|on| on.session.probe()) else {
-            return Ok(None);
-        };
-        if probe.is_closed() {
-            return Ok(None);
-        }
-        let timeout = self.shared.pool.cfg.health_timeout;
-        match tokio::time::timeout(timeout, probe.ping()).await {
-            Ok(Ok(())) => Ok(Some(Validity::new(req.started, self.shared.window()))),
-            Ok(Err(e)) if e.is_closed() => Ok(None),
-            Ok(Err(e)) => Err(pg_error("health check", e)),
-            Err(_) => Err(Error::new(
-                ErrorKind::Unavailable,
-                NAME,
-                "health check timed out",
-            )),
-        }
-    }
-
-    /// No batch request here: each grant in turn.
-    async fn extend_many(
-        &self,
-        reqs: &[leasehold_core::ExtendRequest<'_>],
-    ) -> Vec<Result<Option<leasehold_core::Validity>, leasehold_core::Error>> {
-        leasehold_core::extend_each(self, reqs).await
-    }
-
-    async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
-        let id = self.lock_id(key);
-        let lent = self.shared.pool.shared(None).await?;
-        let pid = lent
-            .session
-            .holder_pid(id)
-            .await
-            .map_err(|e| pg_error("pg_locks", e))?;
-        drop(lent);
-        Ok(pid.map(|pid| {
-            HolderInfo::unknown()
-                .with_detail(format!("advisory lock {id} held by backend pid {pid}"))
-        }))
-    }
 }
 
 #[cfg(test)]

@@ -119,3 +119,32 @@ mod tests {
         );
     }
 }
+
+/// An advisory lock: a lock's `bigint` key, or a semaphore slot's pair of `int4` keys
+/// (`pg_try_advisory_lock(int4, int4)`, a key space of its own: `objsubid` 2 in `pg_locks`,
+/// where the `bigint` locks are `objsubid` 1, so the two never overlap).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum LockId {
+    /// A lock.
+    Key(i64),
+    /// A semaphore's slot: the semaphore's key and the slot number.
+    Pair(i32, i32),
+}
+
+impl LockId {
+    /// The id of the in-process gate: the `bigint` key, or the pair packed into one. A pair
+    /// that packs to a lock's key only makes the two take turns in this process.
+    pub(crate) fn gate(self) -> i64 {
+        match self {
+            Self::Key(id) => id,
+            Self::Pair(a, b) => (i64::from(a) << 32) | i64::from(b.cast_unsigned()),
+        }
+    }
+}
+
+/// The first `int4` of the advisory keys of `name`'s semaphore slots: the high half of
+/// [`advisory_key`] of `"semaphore:" + name`. Two semaphores whose names share it share their
+/// slots, which can only lower how many holders each admits, never raise it.
+pub fn semaphore_key(name: &str) -> i32 {
+    (advisory_key(&format!("semaphore:{name}")) >> 32) as i32
+}

@@ -211,6 +211,8 @@ mod fence;
 mod gate;
 mod grant;
 mod key;
+mod lock_impl;
+mod permits;
 mod pool;
 mod probe;
 mod session;
@@ -225,7 +227,8 @@ pub use config::{
     DEFAULT_PREFIX, PostgresConfig, SCHEMES,
 };
 pub use fence::PostgresFenceStore;
-pub use key::{NUMERIC_KEY_PREFIX, advisory_key, numeric_key, pg_locks_ids};
+pub use key::{NUMERIC_KEY_PREFIX, advisory_key, numeric_key, pg_locks_ids, semaphore_key};
+pub use permits::{PostgresPermits, SEMAPHORE_TABLE};
 
 use leasehold_core::Error;
 use leasehold_core::driver::{Driver, Opening, Target, connecting};

@@ -7,10 +7,11 @@ use leasehold_core::Error;
 use tokio::sync::{OnceCell, watch};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::tls::MakeTlsConnect;
-use tokio_postgres::{CancelToken, Client, NoTls, Socket};
+use tokio_postgres::{CancelToken, Client, NoTls, Socket, Statement};
 
 use crate::config::PostgresConfig;
 use crate::error::{connect_error, pg_error};
+use crate::key::LockId;
 use crate::probe::{Probe, Statements, WeakProbe};
 use crate::tls::Tls;
 use crate::watch::Watcher;
@@ -27,6 +28,11 @@ pub(crate) struct Session {
     /// The health-check task of this session (see [`Watcher`]); it stops when the
     /// session is dropped.
     pub(crate) watcher: Option<Watcher>,
+    /// The semaphore slot statements (two-`int4` try and unlock), prepared on first use so
+    /// that sessions of lock-only users never prepare them.
+    pair: OnceCell<(Statement, Statement)>,
+    /// The quoted fencing sequence, for those statements.
+    seq_sql: String,
 }
 
 /// Sends a cancel request for a session's running statement, over TLS if the session uses it.
@@ -111,6 +117,8 @@ impl Session {
             closed,
             tls,
             watcher: None,
+            pair: OnceCell::new(),
+            seq_sql: seq_sql.to_owned(),
         })
     }
 
@@ -145,8 +153,14 @@ impl Session {
     }
 
     /// One round trip: the lock if free, with its fencing token; `None` if held elsewhere.
-    pub(crate) async fn try_lock(&self, id: i64) -> Result<Option<i64>, tokio_postgres::Error> {
-        let row = self.client.query_one(&self.stmts.try_lock, &[&id]).await?;
+    pub(crate) async fn try_lock(&self, id: LockId) -> Result<Option<i64>, tokio_postgres::Error> {
+        let row = match id {
+            LockId::Key(k) => self.client.query_one(&self.stmts.try_lock, &[&k]).await?,
+            LockId::Pair(a, b) => {
+                let (try_pair, _) = self.pair().await?;
+                self.client.query_one(try_pair, &[&a, &b]).await?
+            }
+        };
         row.try_get::<_, Option<i64>>(0)
     }
 
@@ -176,9 +190,47 @@ impl Session {
     }
 
     /// `pg_advisory_unlock`: `true` if this session held the lock.
-    pub(crate) async fn unlock(&self, id: i64) -> Result<bool, tokio_postgres::Error> {
-        let row = self.client.query_one(&self.stmts.unlock, &[&id]).await?;
+    pub(crate) async fn unlock(&self, id: LockId) -> Result<bool, tokio_postgres::Error> {
+        let row = match id {
+            LockId::Key(k) => self.client.query_one(&self.stmts.unlock, &[&k]).await?,
+            LockId::Pair(a, b) => {
+                let (_, unlock_pair) = self.pair().await?;
+                self.client.query_one(unlock_pair, &[&a, &b]).await?
+            }
+        };
         row.try_get::<_, bool>(0)
+    }
+
+    /// The semaphore slot statements, prepared on first use.
+    async fn pair(&self) -> Result<&(Statement, Statement), tokio_postgres::Error> {
+        self.pair
+            .get_or_try_init(|| async {
+                let try_sql = format!(
+                    "SELECT CASE WHEN pg_try_advisory_lock($1::int4, $2::int4) \
+                     THEN nextval('{}') END",
+                    self.seq_sql.replace('\'', "''")
+                );
+                tokio::try_join!(
+                    self.client.prepare(&try_sql),
+                    self.client
+                        .prepare("SELECT pg_advisory_unlock($1::int4, $2::int4)"),
+                )
+            })
+            .await
+    }
+
+    /// Runs a statement that is not prepared on every session (the semaphore helpers).
+    pub(crate) async fn query(
+        &self,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
+        self.client.query(sql, params).await
+    }
+
+    /// Runs statements without parameters (the semaphore table's creation).
+    pub(crate) async fn batch(&self, sql: &str) -> Result<(), tokio_postgres::Error> {
+        self.client.batch_execute(sql).await
     }
 
     /// Runs `SELECT pid FROM pg_locks …` for the holder of `id` (any session).
@@ -245,14 +297,17 @@ mod tests {
         let a = Session::open(&cfg, &seq, &ready).await.unwrap();
         let b = Session::open(&cfg, &seq, &ready).await.unwrap();
         let id: i64 = rand::random();
-        assert!(b.try_lock(id).await.unwrap().is_some());
+        assert!(b.try_lock(LockId::Key(id)).await.unwrap().is_some());
         assert_eq!(a.show("lock_timeout").await.unwrap(), "0");
 
         // Timed out: not granted, and the SET was rolled back with the implicit transaction.
         let e = a.wait_lock(id, 100).await.unwrap_err();
         assert!(is_lock_timeout(&e), "{e}");
         assert_eq!(a.show("lock_timeout").await.unwrap(), "0");
-        assert!(!a.unlock(id).await.unwrap(), "a timed-out wait left a lock");
+        assert!(
+            !a.unlock(LockId::Key(id)).await.unwrap(),
+            "a timed-out wait left a lock"
+        );
 
         // A budget of 0 ms waits 1 ms: it must not mean "lock_timeout = 0 = forever".
         let r = tokio::time::timeout(Duration::from_secs(5), a.wait_lock(id, 0)).await;
@@ -262,17 +317,17 @@ mod tests {
         let waiting = a.wait_lock(id, 5_000);
         let release = async {
             tokio::time::sleep(Duration::from_millis(200)).await;
-            b.unlock(id).await
+            b.unlock(LockId::Key(id)).await
         };
         let (w, r) = tokio::join!(waiting, release);
         w.unwrap();
         assert!(r.unwrap());
         assert_eq!(a.show("lock_timeout").await.unwrap(), "0");
         assert!(
-            b.try_lock(id).await.unwrap().is_none(),
+            b.try_lock(LockId::Key(id)).await.unwrap().is_none(),
             "the granted lock is not held"
         );
-        assert!(a.unlock(id).await.unwrap());
-        assert!(!a.unlock(id).await.unwrap(), "held twice");
+        assert!(a.unlock(LockId::Key(id)).await.unwrap());
+        assert!(!a.unlock(LockId::Key(id)).await.unwrap(), "held twice");
     }
 }

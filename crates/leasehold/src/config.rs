@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use leasehold_core::driver::{Opening, Target};
 use leasehold_core::redact;
-use leasehold_core::{Backoff, Drift, Error, LockOptions, Locker, Renewal};
+use leasehold_core::{Backoff, Drift, Error, LockOptions, Locker, PermitLimit, Renewal, Semaphore};
 use serde::Deserialize;
 
 use crate::registry::{check_encoded, invalid, open, scheme_of};
@@ -403,6 +403,16 @@ impl LockConfig {
             )));
         }
         Locker::from_arc(backend).with_options(self.lock_options())
+    }
+
+    /// Opens the backend and returns a [`Semaphore`] of `permits` permits per key with this
+    /// configuration's options: [`build`](Self::build) (with its checks, `require` included:
+    /// a permit is as safe as a lock of its backend), then the backend's permit view. A
+    /// backend that gives no semaphores (Redlock) is refused with
+    /// [`ErrorKind::Unsupported`](leasehold_core::ErrorKind::Unsupported) and its reason.
+    pub async fn build_semaphore(&self, permits: u32) -> Result<Semaphore, Error> {
+        let limit = PermitLimit::new(permits)?;
+        Semaphore::from_locker(&self.build().await?, limit)
     }
 
     fn redacted_backend(&self) -> String {

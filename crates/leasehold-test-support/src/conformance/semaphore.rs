@@ -182,7 +182,9 @@ pub async fn permit_bound(t: &Target) -> Result<(), Failure> {
 
 /// S2. With N = 2 held, a third try is `Ok(None)` and both holders are listed; a permit comes
 ///     back on release, on drop (within the settle time), and when its holder is lost (the
-///     target's expiry hook: TTL, killed session, revoked lease), whose lost signal fires.
+///     target's expiry hook: TTL, killed session, revoked lease), whose lost signal fires. The
+///     hook gets a permit of `primary` and may end every grant `primary` has on its key, never
+///     one of `other`.
 pub async fn permits_freed(t: &Target) -> Result<(), Failure> {
     const CHECK: &str = "permits_freed";
     let key = unique_key(CHECK)?;
@@ -240,14 +242,16 @@ pub async fn permits_freed(t: &Target) -> Result<(), Failure> {
         "release said not held"
     );
 
-    // Both permits free again (the dropped one may still be on its way back): lose one.
+    // Both permits free again (the dropped one may still be on its way back): lose one. The
+    // expiry hook may end every grant of `primary` on the key (a killed session), so the
+    // permit kept through the loss is `other`'s.
     let lost = op(CHECK, "short permit", short.acquire(&key, t.settle).await)?;
-    let kept = op(CHECK, "other permit", a_sem.acquire(&key, t.settle).await)?;
+    let kept = op(CHECK, "other permit", b_sem.acquire(&key, t.settle).await)?;
     t.expire(&lost, ttl).await;
     let back = op(
         CHECK,
         "after loss",
-        b_sem.acquire(&key, t.settle + ttl).await,
+        a_sem.acquire(&key, t.settle + ttl).await,
     )?;
     ensure!(
         CHECK,
