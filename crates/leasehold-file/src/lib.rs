@@ -100,6 +100,9 @@
 #![cfg(unix)]
 
 mod folder;
+mod permits;
+
+pub use permits::FilePermits;
 
 use std::fs::{self, File, TryLockError};
 use std::io::{self, Seek, Write};
@@ -112,9 +115,10 @@ use std::time::Duration;
 use leasehold_core::async_trait;
 use leasehold_core::driver::{Driver, Opening, Target, connecting};
 use leasehold_core::{
-    Capabilities, DEFAULT_MAX_TTL, Error, ErrorKind, ExtendRequest, FencingKind, FencingToken,
-    Grant, Held, HolderInfo, LeaseMonitor, LockBackend, LockKey, LockRequest, Owner, RenewalKind,
-    SafetyClass, Validity, WaitKind, Waited, redact,
+    Candidate, Capabilities, DEFAULT_MAX_TTL, ElectionBackend, Error, ErrorKind, ExtendRequest,
+    FencingKind, FencingToken, Grant, Held, HolderInfo, LeaseMonitor, LockBackend, LockKey,
+    LockRequest, Owner, PermitBackend, PermitLimit, RenewalKind, SafetyClass, Validity, WaitKind,
+    Waited, redact,
 };
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use sha2::{Digest, Sha256};
@@ -277,6 +281,9 @@ struct Inner {
     held: AtomicUsize,
 }
 
+/// A file just locked: the file, its identity, the token, its path and its count.
+type Taken = (File, (u64, u64), u64, PathBuf, Count);
+
 /// The grant's state: the locked file (closing it releases the lock) and its identity.
 struct Locked {
     file: Mutex<Option<File>>,
@@ -357,6 +364,21 @@ impl FileBackend {
         self.inner.held.load(Ordering::SeqCst)
     }
 
+    /// The grant of a locked file (a lock's or a permit slot's), under watch.
+    fn grant(&self, req: &LockRequest<'_>, taken: Taken) -> Grant {
+        let (file, identity, token, path, count) = taken;
+        let locked = Arc::new(Locked {
+            file: Mutex::new(Some(file)),
+            path,
+            identity,
+            _count: count,
+        });
+        self.watch(&locked, req.monitor, req.ttl);
+        Grant::new(req.ttl_validity())
+            .with_fencing(FencingToken::new(token))
+            .with_state(locked)
+    }
+
     /// Watches a held grant until its lease is over: fires the lost signal if the lock file is
     /// deleted or replaced, and reports validity after each good check.
     fn watch(&self, locked: &Arc<Locked>, monitor: &LeaseMonitor, ttl: Duration) {
@@ -434,8 +456,12 @@ fn take(lock: &Path, sharing: Sharing) -> io::Result<Option<(File, (u64, u64))>>
 
 /// Next fencing token: read, increment, write back and fsync, under the lock.
 fn next_token(fence: &Path, sharing: Sharing) -> io::Result<u64> {
-    let mut f = folder::open_rw(fence, sharing)?;
-    let text = folder::read_bounded(&mut f)?;
+    bump(&mut folder::open_rw(fence, sharing)?)
+}
+
+/// Reads, increments, writes back and fsyncs the counter in `f`.
+fn bump(f: &mut File) -> io::Result<u64> {
+    let text = folder::read_bounded(f)?;
     let last: u64 = if text.trim().is_empty() {
         0
     } else {
@@ -464,13 +490,25 @@ fn write_owner(file: &mut File, owner: &Owner) -> io::Result<()> {
 
 #[async_trait]
 impl LockBackend for FileBackend {
-    leasehold_core::refuse_primitives!("not built yet");
-
     fn capabilities(&self) -> Capabilities {
         Capabilities::new(NAME, SafetyClass::Host, FencingKind::Monotonic)
             .with_wait(WaitKind::Poll)
             .with_renewal(RenewalKind::Session)
             .with_ttl_range(self.inner.config.check_interval * 2, DEFAULT_MAX_TTL)
+            .with_semaphores()
+    }
+
+    /// A [`FilePermits`] view over this backend's folder.
+    fn semaphore(self: Arc<Self>, limit: PermitLimit) -> Result<Arc<dyn PermitBackend>, Error> {
+        Ok(Arc::new(FilePermits::new((*self).clone(), limit)))
+    }
+
+    fn election(self: Arc<Self>, _candidate: Candidate) -> Result<Arc<dyn ElectionBackend>, Error> {
+        Err(Error::unsupported_primitive(
+            NAME,
+            "elections",
+            "not built yet",
+        ))
     }
 
     async fn try_lock(&self, req: LockRequest<'_>) -> Result<Option<Grant>, Error> {
@@ -497,21 +535,7 @@ impl LockBackend for FileBackend {
         let taken = work.await.map_err(|e| {
             Error::new(ErrorKind::Backend, NAME, format!("lock task failed: {e}"))
         })??;
-        let Some((file, identity, token, path, count)) = taken else {
-            return Ok(None);
-        };
-        let locked = Arc::new(Locked {
-            file: Mutex::new(Some(file)),
-            path,
-            identity,
-            _count: count,
-        });
-        self.watch(&locked, req.monitor, req.ttl);
-        Ok(Some(
-            Grant::new(req.ttl_validity())
-                .with_fencing(FencingToken::new(token))
-                .with_state(locked),
-        ))
+        Ok(taken.map(|t| self.grant(&req, t)))
     }
 
     async fn wait_lock(&self, _req: LockRequest<'_>, _deadline: Instant) -> Result<Waited, Error> {

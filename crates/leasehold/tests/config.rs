@@ -391,8 +391,8 @@ fn postgres_max_sessions_is_a_backend_option() {
     assert!(e.to_string().contains("max_sessions"), "{e}");
 }
 
-/// A configuration builds semaphores: on memory it takes permits; Redlock (which connects
-/// lazily) is refused with its reason; `require = "correctness"` applies as for locks.
+/// A configuration builds semaphores: on memory it takes permits; `require = "correctness"`
+/// applies as for locks; a limit of 0 is a typed error.
 #[tokio::test]
 async fn semaphores_are_built_checked_and_refused_with_the_reason() {
     let sem = LockConfig::new("memory://")
@@ -404,11 +404,6 @@ async fn semaphores_are_built_checked_and_refused_with_the_reason() {
     assert!(a.is_some() && b.is_some());
     assert!(sem.try_acquire("k").await.unwrap().is_none());
 
-    let redlock = LockConfig::new("redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3");
-    let err = redlock.build_semaphore(3).await.unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
-    assert!(err.to_string().contains("keeps no count"), "{err}");
-
     let strict = LockConfig::new("memory://").with_require(Require::Correctness);
     let err = strict.build_semaphore(3).await.unwrap_err();
     assert!(err.to_string().contains("correctness"), "{err}");
@@ -418,4 +413,14 @@ async fn semaphores_are_built_checked_and_refused_with_the_reason() {
         .await
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+}
+
+/// Redlock (which connects lazily: no server needed) is refused a semaphore with its reason.
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn redlock_semaphores_are_refused_with_the_reason() {
+    let redlock = LockConfig::new("redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3");
+    let err = redlock.build_semaphore(3).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
+    assert!(err.to_string().contains("keeps no count"), "{err}");
 }

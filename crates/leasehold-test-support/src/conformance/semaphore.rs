@@ -253,10 +253,12 @@ pub async fn permits_freed(t: &Target) -> Result<(), Failure> {
         "after loss",
         a_sem.acquire(&key, t.settle + ttl).await,
     )?;
+    let fired = tokio::time::timeout(t.settle, lost.lost().wait()).await;
     ensure!(
         CHECK,
-        lost.is_lost(),
-        "the lost holder's signal did not fire"
+        fired.is_ok() && lost.is_lost(),
+        "the lost holder's signal did not fire within {:?}",
+        t.settle
     );
     ensure!(
         CHECK,
