@@ -35,11 +35,17 @@ async fn permits_from_the_shell() {
     assert_eq!(st.status.code(), Some(0), "{st:?}");
     assert!(stdout(&st).contains("2 of 2 permits held"), "{st:?}");
     let json = on_key(&rt, "status", "pool", &u, &["--permits", "2", "--json"]).await;
-    assert!(stdout(&json).contains("\"permits\":2,\"held\":2"), "{json:?}");
+    assert!(
+        stdout(&json).contains("\"permits\":2,\"held\":2"),
+        "{json:?}"
+    );
 
     let other = run_true(&rt, "pool", &u, &["--permits", "3", "--no-wait"]).await;
     assert_eq!(other.status.code(), Some(78), "{other:?}");
-    assert!(stderr(&other).contains("in use with 2 permits"), "{other:?}");
+    assert!(
+        stderr(&other).contains("in use with 2 permits"),
+        "{other:?}"
+    );
 
     let rel = output(&rt, &["release", "--handle", &ea["LEASEHOLD_HANDLE"]]).await;
     assert_eq!(rel.status.code(), Some(0), "{rel:?}");
