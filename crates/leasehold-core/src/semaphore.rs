@@ -5,7 +5,7 @@
 //! `try_lock` takes one of `limit` permits of the key instead of the key itself. Everything a
 //! lock lease has — validity deadline, renewal, lost signal, cancellation safety, release on
 //! drop, fencing token where the backend mints one — comes from the same
-//! [`Locker`](crate::Locker) and [`Lease`](crate::Lease) code, run over that view.
+//! [`Locker`] and [`Lease`] code, run over that view.
 //!
 //! A backend that cannot keep a count safely (Redlock: a majority of independent nodes does not
 //! preserve one) refuses with [`Error::unsupported_primitive`], and its
