@@ -87,9 +87,13 @@ async fn main() -> Result<(), TourError> {
     let lease = short.acquire("jobs/cleanup", Duration::ZERO).await?;
     let work = lease.run(tokio::time::sleep(Duration::from_secs(10))).await;
     match work {
-        Err(e) => println!("4. long work under a 200 ms lease was cancelled: {e}"),
+        Err(e) if e.kind() == ErrorKind::LeaseLost => {
+            println!("4. long work under a 200 ms lease was cancelled: {e}");
+        }
+        Err(e) => return Err(e.into()),
         Ok(()) => check(false, "the work outlived its 200 ms lease")?,
     }
+    check(lease.is_lost(), "the lease does not say it is lost")?;
     println!(
         "   releasing it now: we still held it = {}",
         lease.release().await?
@@ -102,9 +106,11 @@ async fn main() -> Result<(), TourError> {
                 "5. inside with_lock, token {:?}",
                 info.fencing.map(|t| t.get())
             );
-            40 + 2
+            (40 + 2, info.fencing.is_some())
         })
         .await?;
+    let (sum, fenced) = sum;
+    check(fenced, "with_lock's work got no fencing token")?;
     let left = backend.held_count();
     println!("   with_lock returned {sum}; keys still held: {left}");
     check(sum == 42 && left == 0, "with_lock left a key held")?;

@@ -56,6 +56,23 @@ enum Command {
     /// leader kill and lease revoke), counting overlapping holders and stale writes with and
     /// without fencing. Writes safety.md and safety.csv; fails if an invariant breaks.
     Safety(SafetyArgs),
+    /// One measurement of the `fleet` perf group, in a process of its own (internal).
+    #[command(name = "__fleet", hide = true)]
+    Fleet(FleetArgs),
+}
+
+#[derive(Args)]
+struct FleetArgs {
+    #[arg(long)]
+    backend: String,
+    #[arg(long)]
+    n: usize,
+    #[arg(long)]
+    runtime: String,
+    #[arg(long)]
+    hold_ms: u64,
+    #[arg(long)]
+    settle_ms: u64,
 }
 
 #[derive(Args)]
@@ -101,9 +118,9 @@ struct PerfArgs {
     #[arg(long)]
     no_pin: bool,
     /// Which groups to run (comma-separated; default all): memory, file, redis,
-    /// redis-benchmark, redlock3, redlock5, redlock7, redlock5-blackhole, redlock5-slow,
-    /// postgres-tcp, postgres-unix, etcd, etcd-cluster, tower-layer, postgres-tcp-pinned,
-    /// postgres-unix-pinned.
+    /// redis-sentinel, redis-benchmark, redlock3, redlock5, redlock7, redlock5-blackhole,
+    /// redlock5-slow, postgres-tcp, postgres-unix, etcd, etcd-cluster, tower-layer, fleet,
+    /// postgres-tcp-pinned, postgres-unix-pinned.
     #[arg(long, value_delimiter = ',')]
     groups: Vec<String>,
 }
@@ -145,11 +162,12 @@ struct SafetyArgs {
     )]
     backends: Vec<String>,
     /// Which faults (comma-separated): pause, delay, restart, restart-delayed, clock-jump,
-    /// pg-terminate, member-kill, lease-revoke.
+    /// pg-terminate, member-kill, lease-revoke, partition (root only: network namespaces),
+    /// failover, failover-wait (the Redis Sentinel topology of scripts/services).
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "pause,delay,restart,restart-delayed,clock-jump,pg-terminate,member-kill,lease-revoke"
+        default_value = "pause,delay,restart,restart-delayed,clock-jump,pg-terminate,member-kill,lease-revoke,partition,failover,failover-wait"
     )]
     faults: Vec<String>,
 }
@@ -168,6 +186,13 @@ fn main() -> ExitCode {
             };
             safety::main(&cli.out, &params)
         }
+        Command::Fleet(a) => perf::fleet::child_main(&perf::fleet::Spec {
+            backend: a.backend.clone(),
+            n: a.n,
+            runtime: a.runtime.clone(),
+            hold: Duration::from_millis(a.hold_ms),
+            settle: Duration::from_millis(a.settle_ms),
+        }),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -10,7 +10,8 @@ use std::time::Duration;
 use crate::code;
 use crate::lock::{AcquireArgs, wait_notice, warn_if_password_in_url};
 use crate::record::{
-    HANDLE_VAR, RUNTIME_DIR_VAR, ask, prepare_runtime_dir, runtime_dir, shell_quote, socket_of,
+    HANDLE_VAR, RELEASE, RUNTIME_DIR_VAR, ask, prepare_runtime_dir, runtime_dir, shell_quote,
+    socket_of,
 };
 
 /// How `acquire` hands the URL to the holder: not on its command line, where `ps` shows it.
@@ -137,7 +138,7 @@ fn print_lease<'a>(key: &str, mut f: impl Iterator<Item = &'a str>, mut confirm:
         eprintln!("leasehold: cannot print the lease ({e}): releasing it");
         let _ = ask(
             &socket_of(Path::new(handle)),
-            "release",
+            RELEASE,
             Duration::from_secs(30),
         );
         return code::CANNOT_RUN;

@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use leasehold::{Lease, Locker};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio::sync::watch;
@@ -31,7 +31,10 @@ use tokio::sync::watch;
 use crate::acquire::HOLDER_URL_VAR;
 use crate::code;
 use crate::lock::{AcquireArgs, Failed, location_of, obtain};
-use crate::record::{State, prepare_runtime_dir, runtime_dir, socket_of, sweep_stale};
+use crate::record::{
+    Answer, MAX_REQUEST_BYTES, RELEASE, State, prepare_runtime_dir, runtime_dir, socket_of,
+    sweep_stale,
+};
 
 /// How long the holder waits for `acquire`'s `ok` after reporting `held`.
 const HANDSHAKE: Duration = Duration::from_secs(10);
@@ -284,15 +287,17 @@ async fn serve(
 async fn answer(stream: UnixStream, lease: &Lease, record: &Record) -> Option<u8> {
     let (read, mut write) = stream.into_split();
     let mut line = String::new();
-    let mut reader = tokio::io::BufReader::new(read);
+    let mut reader = tokio::io::BufReader::new(read.take(MAX_REQUEST_BYTES));
     let got = tokio::time::timeout(Duration::from_secs(5), reader.read_line(&mut line)).await;
     if !matches!(got, Ok(Ok(_))) {
         return None;
     }
     match line.trim() {
-        "release" => {
+        RELEASE => {
             let (answer, code) = release_and_exit(lease, record).await;
-            let _ = write.write_all(format!("{answer}\n").as_bytes()).await;
+            let _ = write
+                .write_all(format!("{}\n", answer.line()).as_bytes())
+                .await;
             let _ = write.shutdown().await;
             Some(code)
         }
@@ -304,15 +309,12 @@ async fn answer(stream: UnixStream, lease: &Lease, record: &Record) -> Option<u8
 }
 
 /// Releases the lease and removes the record; the answer for `release` and the exit code.
-async fn release_and_exit(lease: &Lease, record: &Record) -> (String, u8) {
+async fn release_and_exit(lease: &Lease, record: &Record) -> (Answer, u8) {
     let outcome = lease.release().await;
     record.remove(true);
     match outcome {
-        Ok(true) => ("released".to_owned(), 0),
-        Ok(false) => ("not-held".to_owned(), code::LOST),
-        Err(e) => (
-            format!("error\t{}", clean_message(&e.to_string())),
-            code::UNAVAILABLE,
-        ),
+        Ok(true) => (Answer::Released, 0),
+        Ok(false) => (Answer::NotHeld, code::LOST),
+        Err(e) => (Answer::Failed(e.to_string()), code::UNAVAILABLE),
     }
 }

@@ -52,7 +52,6 @@ mod child;
 mod code;
 mod holder;
 mod lock;
-mod record;
 mod release;
 mod run;
 mod status;
@@ -61,6 +60,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
+// The holders' records live in the library, where the fuzz targets in `fuzz/` reach them.
+use leasehold_cli::record;
 
 use crate::lock::AcquireArgs;
 

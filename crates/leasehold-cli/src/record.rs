@@ -4,7 +4,7 @@
 //! A holder's state file `<runtime dir>/<pid>.state` holds `KEY='value'` lines (see [`State`]);
 //! its socket `<runtime dir>/<pid>.sock` answers a `release` line with `released`, `not-held`
 //! or `error\t<message>`. Records of lost holds and dead holders stay until their `release`
-//! consumes them (a later `acquire` of the same lock sweeps those older than [`STALE_AFTER`]);
+//! consumes them (a later `acquire` of the same lock sweeps those older than a day);
 //! a holder never removes another's record.
 
 use std::fs;
@@ -21,12 +21,12 @@ use nix::sys::signal::kill;
 use nix::unistd::Pid;
 
 /// The folder of state files and sockets, if set.
-pub(crate) const RUNTIME_DIR_VAR: &str = "LEASEHOLD_RUNTIME_DIR";
+pub const RUNTIME_DIR_VAR: &str = "LEASEHOLD_RUNTIME_DIR";
 /// The handle `release` uses when given no `--key` nor `--handle`.
-pub(crate) const HANDLE_VAR: &str = "LEASEHOLD_HANDLE";
+pub const HANDLE_VAR: &str = "LEASEHOLD_HANDLE";
 /// The runtime folder: `$LEASEHOLD_RUNTIME_DIR`, else `$XDG_RUNTIME_DIR/leasehold`, else
 /// `leasehold-<uid>` in the temporary folder.
-pub(crate) fn runtime_dir() -> PathBuf {
+pub fn runtime_dir() -> PathBuf {
     let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
     if let Some(d) = var(RUNTIME_DIR_VAR) {
         // Absolute: handles name files in it, and `release` may run from another folder.
@@ -40,7 +40,7 @@ pub(crate) fn runtime_dir() -> PathBuf {
 }
 
 /// Creates the runtime folder (mode 0700) and checks it ([`verify_runtime_dir`]).
-pub(crate) fn prepare_runtime_dir(dir: &Path) -> io::Result<()> {
+pub fn prepare_runtime_dir(dir: &Path) -> io::Result<()> {
     match fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
@@ -55,7 +55,7 @@ pub(crate) fn prepare_runtime_dir(dir: &Path) -> io::Result<()> {
 
 /// Checks that a runtime folder is a folder (not a symbolic link), ours and private; refuses it
 /// otherwise (a folder others can write to is not fixed silently).
-pub(crate) fn verify_runtime_dir(dir: &Path) -> io::Result<()> {
+pub fn verify_runtime_dir(dir: &Path) -> io::Result<()> {
     let meta = fs::symlink_metadata(dir)?;
     if !meta.file_type().is_dir() {
         return Err(io::Error::other(format!(
@@ -82,7 +82,7 @@ pub(crate) fn verify_runtime_dir(dir: &Path) -> io::Result<()> {
 /// Checks that `handle` may name a holder's state file before anything reads or deletes it:
 /// named as a holder names its state file, directly inside a folder that passes [`verify_runtime_dir`]. The file itself
 /// is checked when read ([`State::read`]).
-pub(crate) fn verify_handle(handle: &Path) -> io::Result<()> {
+pub fn verify_handle(handle: &Path) -> io::Result<()> {
     if !is_named_like_a_handle(handle) {
         return Err(io::Error::other(format!(
             "{} is not a handle printed by `leasehold acquire` (<pid>.state in a runtime folder)",
@@ -110,7 +110,7 @@ fn is_named_like_a_handle(path: &Path) -> bool {
 
 /// Removes a hold's record: its state file, and its socket if that is one (checked, so that a
 /// file planted under the socket's name is left alone).
-pub(crate) fn remove_record(state: &Path) {
+pub fn remove_record(state: &Path) {
     let sock = socket_of(state);
     if fs::symlink_metadata(&sock).is_ok_and(|m| m.file_type().is_socket()) {
         let _ = fs::remove_file(&sock);
@@ -123,8 +123,8 @@ const MAX_STATE_BYTES: u64 = 64 * 1024;
 
 /// What a state file says, one `LEASEHOLD_<NAME>='value'` line per field. The fields stay in
 /// this module: other modules ask the questions below.
-#[derive(Debug, Default, Clone)]
-pub(crate) struct State {
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct State {
     /// `held` while the holder keeps the lease, `lost` once it saw the lease go.
     state: String,
     key: String,
@@ -141,7 +141,7 @@ pub(crate) struct State {
 
 impl State {
     /// The record of a hold of `key` at `location` by process `pid`, acquired now.
-    pub(crate) fn held(key: &str, location: &str, lease: &Lease, pid: u32) -> Self {
+    pub fn held(key: &str, location: &str, lease: &Lease, pid: u32) -> Self {
         Self {
             state: "held".to_owned(),
             key: key.to_owned(),
@@ -158,43 +158,43 @@ impl State {
     }
 
     /// Marks the hold lost, for `reason`.
-    pub(crate) fn lose(&mut self, reason: String) {
+    pub fn lose(&mut self, reason: String) {
         self.state = "lost".to_owned();
         self.lost_reason = Some(reason);
     }
 
     /// Whether the holder saw its lease go.
-    pub(crate) fn is_lost(&self) -> bool {
+    pub fn is_lost(&self) -> bool {
         self.state == "lost"
     }
 
     /// Whether the hold ended without `release`: lost, or its holder is dead.
-    pub(crate) fn has_ended(&self) -> bool {
+    pub fn has_ended(&self) -> bool {
         self.is_lost() || !alive(self.pid)
     }
 
     /// Whether this is a hold of `key`, at `location` when one is given.
-    pub(crate) fn is_of(&self, key: &str, location: Option<&str>) -> bool {
+    pub fn is_of(&self, key: &str, location: Option<&str>) -> bool {
         self.key == key && location.is_none_or(|l| self.location == l)
     }
 
     /// The lock's name.
-    pub(crate) fn key(&self) -> &str {
+    pub fn key(&self) -> &str {
         &self.key
     }
 
     /// The holder process.
-    pub(crate) fn pid(&self) -> u32 {
+    pub fn pid(&self) -> u32 {
         self.pid
     }
 
     /// Of several ended holds, the one acquired first.
-    pub(crate) fn oldest(holds: Vec<(PathBuf, State)>) -> Option<(PathBuf, State)> {
+    pub fn oldest(holds: Vec<(PathBuf, State)>) -> Option<(PathBuf, State)> {
         holds.into_iter().min_by_key(|(_, s)| s.acquired_at)
     }
 
     /// What `release` says of a hold that ended without it.
-    pub(crate) fn end_notice(&self) -> String {
+    pub fn end_notice(&self) -> String {
         if self.is_lost() {
             format!(
                 "the lease on {:?} was lost: {}",
@@ -255,7 +255,7 @@ impl State {
 
     /// Reads a state file: a regular file of ours (a symbolic link is not followed), at most
     /// [`MAX_STATE_BYTES`] long.
-    pub(crate) fn read(path: &Path) -> io::Result<Self> {
+    pub fn read(path: &Path) -> io::Result<Self> {
         let file = fs::OpenOptions::new()
             .read(true)
             .custom_flags(OFlag::O_NOFOLLOW.bits())
@@ -273,7 +273,7 @@ impl State {
     }
 
     /// Writes the file atomically (a temporary file renamed over it).
-    pub(crate) fn write(&self, path: &Path) -> io::Result<()> {
+    pub fn write(&self, path: &Path) -> io::Result<()> {
         let tmp = path.with_extension("state.tmp");
         {
             // A stale one (or a symbolic link planted there) goes; `create_new` neither
@@ -294,12 +294,13 @@ impl State {
     }
 }
 
-pub(crate) fn socket_of(state: &Path) -> PathBuf {
+/// The socket of the holder whose state file is `state`.
+pub fn socket_of(state: &Path) -> PathBuf {
     state.with_extension("sock")
 }
 
 /// Every state file in the runtime folder (`<pid>.state`, regular, ours), with what it says.
-pub(crate) fn states(dir: &Path) -> Vec<(PathBuf, State)> {
+pub fn states(dir: &Path) -> Vec<(PathBuf, State)> {
     let Ok(entries) = fs::read_dir(dir) else {
         return Vec::new();
     };
@@ -314,7 +315,7 @@ pub(crate) fn states(dir: &Path) -> Vec<(PathBuf, State)> {
 }
 
 /// Whether process `pid` is alive (a zombie counts as gone).
-pub(crate) fn alive(pid: u32) -> bool {
+pub fn alive(pid: u32) -> bool {
     let Ok(raw) = i32::try_from(pid) else {
         return false;
     };
@@ -333,8 +334,8 @@ pub(crate) fn alive(pid: u32) -> bool {
 }
 
 /// Removes the records of holds of `key` at `location` that were lost, or whose holder died,
-/// more than [`STALE_AFTER`] ago (nobody called `release` for them).
-pub(crate) fn sweep_stale(dir: &Path, key: &str, location: &str, except: &Path) {
+/// more than a day ago (nobody called `release` for them).
+pub fn sweep_stale(dir: &Path, key: &str, location: &str, except: &Path) {
     let now = SystemTime::now();
     for (path, old) in states(dir) {
         let old_enough = fs::symlink_metadata(&path)
@@ -353,7 +354,7 @@ pub(crate) fn sweep_stale(dir: &Path, key: &str, location: &str, except: &Path) 
 const STALE_AFTER: Duration = Duration::from_secs(24 * 3600);
 
 /// Sends one request to a holder's socket and reads its one-line answer.
-pub(crate) fn ask(sock: &Path, request: &str, timeout: Duration) -> io::Result<String> {
+pub fn ask(sock: &Path, request: &str, timeout: Duration) -> io::Result<String> {
     let mut stream = UnixStream::connect(sock)?;
     stream.set_read_timeout(Some(timeout))?;
     stream.write_all(format!("{request}\n").as_bytes())?;
@@ -369,17 +370,95 @@ pub(crate) fn ask(sock: &Path, request: &str, timeout: Duration) -> io::Result<S
     Ok(answer)
 }
 
+/// The one request a holder's socket takes.
+pub const RELEASE: &str = "release";
+
+/// The longest request line a holder reads from its socket.
+pub const MAX_REQUEST_BYTES: u64 = 256;
+
+/// A holder's answer to [`RELEASE`], one line on its socket.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Answer {
+    /// `released`: the lease was held and is released.
+    Released,
+    /// `not-held`: the lease was gone when released.
+    NotHeld,
+    /// `error\t<message>`: the release failed (or the answer was not understood).
+    Failed(String),
+}
+
+impl Answer {
+    /// The line the holder writes (without its newline).
+    pub fn line(&self) -> String {
+        match self {
+            Self::Released => "released".to_owned(),
+            Self::NotHeld => "not-held".to_owned(),
+            Self::Failed(msg) => format!("error\t{}", msg.replace(['\n', '\r', '\t'], " ")),
+        }
+    }
+
+    /// Reads an answer line (surrounding white space ignored).
+    pub fn parse(line: &str) -> Self {
+        match line.trim().split_once('\t') {
+            None if line.trim() == "released" => Self::Released,
+            None if line.trim() == "not-held" => Self::NotHeld,
+            Some(("error", msg)) => Self::Failed(msg.to_owned()),
+            _ => Self::Failed(format!("unexpected answer {:?}", line.trim())),
+        }
+    }
+}
+
 /// Quotes a value for POSIX shells: `'…'`, with `'` written as `'\''`.
-pub(crate) fn shell_quote(s: &str) -> String {
+pub fn shell_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
 }
 
 /// The inverse of [`shell_quote`] for the values it writes.
-pub(crate) fn shell_unquote(s: &str) -> String {
+pub fn shell_unquote(s: &str) -> String {
     let s = s.trim();
     match s.strip_prefix('\'').and_then(|s| s.strip_suffix('\'')) {
         Some(inner) => inner.replace(r"'\''", "'"),
         None => s.to_owned(),
+    }
+}
+
+#[doc(hidden)]
+pub mod fuzzing {
+    //! Entry points for the fuzz targets in `fuzz/`.
+
+    use super::State;
+
+    /// A record with these fields: state, key, backend, location, owner, and the optional
+    /// token and lost reason.
+    pub fn record(
+        text: [&str; 5],
+        token: Option<&str>,
+        pid: u32,
+        acquired_at: u64,
+        lost_reason: Option<&str>,
+    ) -> State {
+        let [state, key, backend, location, owner] = text.map(str::to_owned);
+        State {
+            state,
+            key,
+            backend,
+            location,
+            owner,
+            token: token.map(str::to_owned),
+            pid,
+            acquired_at,
+            lost_reason: lost_reason.map(str::to_owned),
+        }
+    }
+
+    /// What the state file of `state` holds.
+    pub fn render(state: &State) -> String {
+        state.render()
+    }
+
+    /// A state file's text, read.
+    pub fn parse(text: &str) -> State {
+        State::parse(text)
     }
 }
 
@@ -393,5 +472,21 @@ mod tests {
             assert_eq!(shell_unquote(&shell_quote(s)), s);
         }
         assert_eq!(shell_quote("it's"), r"'it'\''s'");
+    }
+
+    #[test]
+    fn socket_answers_read_back_as_one_line() {
+        for answer in [Answer::Released, Answer::NotHeld] {
+            assert_eq!(Answer::parse(&answer.line()), answer);
+        }
+        // A message with line breaks or tabs stays one answer, and stays an error.
+        let failed = Answer::Failed("timed out\nreleased\tx".to_owned());
+        assert!(!failed.line().contains('\n'));
+        assert_eq!(
+            Answer::parse(&failed.line()),
+            Answer::Failed("timed out released x".to_owned())
+        );
+        assert!(matches!(Answer::parse("released\tx"), Answer::Failed(_)));
+        assert!(matches!(Answer::parse(""), Answer::Failed(_)));
     }
 }

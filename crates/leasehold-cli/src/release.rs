@@ -9,8 +9,8 @@ use crate::code;
 use crate::lock::cli_key;
 use crate::lock::{Target, location_of};
 use crate::record::{
-    HANDLE_VAR, RUNTIME_DIR_VAR, State, alive, ask, remove_record, runtime_dir, socket_of, states,
-    verify_handle, verify_runtime_dir,
+    Answer, HANDLE_VAR, RELEASE, RUNTIME_DIR_VAR, State, alive, ask, remove_record, runtime_dir,
+    socket_of, states, verify_handle, verify_runtime_dir,
 };
 
 #[derive(clap::Args, Debug)]
@@ -62,7 +62,7 @@ pub(crate) async fn release(args: ReleaseArgs) -> u8 {
     }
     let sock = socket_of(&handle);
     let timeout = args.timeout;
-    let answer = tokio::task::spawn_blocking(move || ask(&sock, "release", timeout)).await;
+    let answer = tokio::task::spawn_blocking(move || ask(&sock, RELEASE, timeout)).await;
     let answer = match answer {
         Ok(Ok(a)) => a,
         Ok(Err(e)) => {
@@ -91,19 +91,16 @@ pub(crate) async fn release(args: ReleaseArgs) -> u8 {
     while alive(state.pid()) && t0.elapsed() < Duration::from_secs(5) {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    match answer
-        .split_once('\t')
-        .map_or((answer.as_str(), ""), |(a, b)| (a, b))
-    {
-        ("released", _) => 0,
-        ("not-held", _) => {
+    match Answer::parse(&answer) {
+        Answer::Released => 0,
+        Answer::NotHeld => {
             eprintln!(
                 "leasehold: the lease on {:?} was no longer held when released",
                 state.key()
             );
             code::LOST
         }
-        (_, msg) => {
+        Answer::Failed(msg) => {
             eprintln!("leasehold: release of {:?} failed: {msg}", state.key());
             code::UNAVAILABLE
         }

@@ -20,11 +20,15 @@ pub(crate) struct StatusArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
+    /// The TTL to state the crash-release bound for (default: the configuration's): how long
+    /// a lock of that TTL outlives a holder that crashed without releasing it.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    ttl: Option<std::time::Duration>,
 }
 
 pub(crate) async fn status(args: StatusArgs) -> u8 {
     warn_if_password_in_url(&args.target);
-    let config = match config_of(&args.target, None) {
+    let config = match config_of(&args.target, args.ttl) {
         Ok(c) => c,
         Err(e) => return failure(&e),
     };
@@ -43,11 +47,20 @@ pub(crate) async fn status(args: StatusArgs) -> u8 {
     let caps = locker.capabilities();
     let safety = safety_name(caps.safety);
     let fencing = fencing_name(caps.fencing);
+    let ttl = locker.options().ttl;
+    let crash = caps.crash_release;
     if args.json {
-        out!(
-            "{}",
-            json(&args.target.key, backend, safety, fencing, holder.as_ref())
-        );
+        let mut s = json(&args.target.key, backend, safety, fencing, holder.as_ref());
+        s.pop();
+        s.push_str(&format!(
+            ",\"ttl_ms\":{},\"crash_release_ms\":{},\"crash_release\":{}}}",
+            ttl.as_millis(),
+            crash
+                .bound(ttl)
+                .map_or_else(|| "null".to_owned(), |b| b.as_millis().to_string()),
+            string(&crash.describe(ttl)),
+        ));
+        out!("{s}");
     } else {
         let key = &args.target.key;
         match &holder {
@@ -68,6 +81,11 @@ pub(crate) async fn status(args: StatusArgs) -> u8 {
                 }
             }
         }
+        out!(
+            "crash release (ttl {}): {}",
+            humantime::format_duration(round_ms(ttl)),
+            crash.describe(ttl)
+        );
     }
     if holder.is_some() { 0 } else { code::FREE }
 }
@@ -146,6 +164,8 @@ fn fencing_name(f: FencingKind) -> &'static str {
 
 /// One JSON object: `key`, `backend`, `safety`, `fencing`, `held`, and when held `owner`,
 /// `fencing_token`, `remaining_ms`, `detail` (each `null` when the backend cannot tell).
+/// `status` adds `ttl_ms`, `crash_release_ms` (`null`: freed when the holder's process exits)
+/// and `crash_release` (in words).
 fn json(
     key: &str,
     backend: &str,

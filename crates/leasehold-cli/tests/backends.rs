@@ -463,6 +463,11 @@ fn etcdctl(endpoint: &str, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
 
+/// Lock `key` as it appears in etcd names, as the guide says: `%` written `%25`, `/` `%2F`.
+fn etcd_name(key: &str) -> String {
+    key.replace('%', "%25").replace('/', "%2F")
+}
+
 /// The guide's `etcdctl get`: the first key queued on lock `key` (its holder), as fields.
 fn etcd_first_waiter(endpoint: &str, key: &str) -> String {
     etcdctl(
@@ -470,7 +475,7 @@ fn etcd_first_waiter(endpoint: &str, key: &str) -> String {
         &[
             "get",
             "--prefix",
-            &format!("leasehold/{key}/"),
+            &format!("leasehold/{}/", etcd_name(key)),
             "--sort-by=CREATE",
             "--order=ASCEND",
             "--limit=1",
@@ -488,7 +493,12 @@ fn etcdctl_lock(
     out: std::process::Stdio,
 ) -> tokio::process::Child {
     tokio::process::Command::new(tool("etcdctl"))
-        .args(["--endpoints", endpoint, "lock", &format!("leasehold/{key}")])
+        .args([
+            "--endpoints",
+            endpoint,
+            "lock",
+            &format!("leasehold/{}", etcd_name(key)),
+        ])
         .args(cmd)
         .env("ETCDCTL_API", "3")
         .stdout(out)

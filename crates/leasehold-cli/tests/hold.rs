@@ -225,7 +225,7 @@ async fn bad_input_gives_the_documented_codes() {
             "c.toml",
         ],
         vec!["status"],
-        vec!["status", "--key", "k", "--ttl", "1s"],
+        vec!["status", "--key", "k", "--ttl", "soon"],
         vec!["release"],
         vec!["release", "--url", "file:///x"],
         vec!["release", "--key", "k", "--handle", "/x"],

@@ -62,8 +62,7 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
     ///
     /// Backends that can renew many grants in one request do (Redis: one script over many
     /// keys); the others call [`extend_each`](crate::extend_each).
-    async fn extend_many(&self, reqs: &[ExtendRequest<'_>])
-    -> Vec<Result<Option<Validity>, Error>>;
+    async fn extend_many(&self, reqs: &[ExtendRequest<'_>]) -> Vec<Extended>;
 
     /// What the backend can tell about the current holder of `key`, if anyone holds it.
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error>;
@@ -184,6 +183,10 @@ impl<'a> ExtendRequest<'a> {
         Validity::new(self.started, self.ttl)
     }
 }
+
+/// One outcome of [`LockBackend::extend`] or of a request in [`LockBackend::extend_many`]:
+/// the new validity, `None` when the grant is no longer ours, or a fault.
+pub type Extended = Result<Option<Validity>, Error>;
 
 /// Backend-private state of a grant (a database session, a lease id), kept by the
 /// [`Lease`](crate::Lease) and handed back to `release` and `extend` through [`Held::state`].

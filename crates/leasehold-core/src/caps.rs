@@ -85,6 +85,58 @@ pub enum RenewalKind {
     Session,
 }
 
+/// How long a lock outlives a holder that crashed (SIGKILL, power loss) without releasing it:
+/// the backend's liveness bound, shown by `leasehold status`. See
+/// [`Capabilities::crash_release_bound`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum CrashRelease {
+    /// Within the lease's TTL: the grant expires on the server unless renewed (Redis, Redlock).
+    Ttl,
+    /// Within the lease's TTL rounded up to a whole multiple of `step`, and at least `min` (etcd:
+    /// a session lease per distinct TTL, in whole seconds, no shorter than the server allows).
+    TtlRoundedUp {
+        /// The server's granularity.
+        step: Duration,
+        /// The shortest lease the backend grants.
+        min: Duration,
+    },
+    /// When the holder's process ends: the operating system drops the lock (`flock`) or closes
+    /// the session's connection, whatever the TTL (file, PostgreSQL, memory). A host that
+    /// vanishes without closing its connections is noticed by the server's TCP keepalive.
+    ProcessExit,
+}
+
+impl CrashRelease {
+    /// The bound for a lease of `ttl`: `None` for [`ProcessExit`](Self::ProcessExit) (no TTL
+    /// is involved).
+    pub fn bound(self, ttl: Duration) -> Option<Duration> {
+        match self {
+            Self::Ttl => Some(ttl),
+            Self::TtlRoundedUp { step, min } => {
+                let step_ns = step.as_nanos().max(1);
+                let steps = ttl.as_nanos().div_ceil(step_ns);
+                let rounded = u64::try_from(steps.saturating_mul(step_ns))
+                    .map_or(Duration::MAX, Duration::from_nanos);
+                Some(rounded.max(min))
+            }
+            Self::ProcessExit => None,
+        }
+    }
+
+    /// A phrase for a lease of `ttl`: `"within 5s (the TTL)"`, `"when the holder's process
+    /// exits"`.
+    pub fn describe(self, ttl: Duration) -> String {
+        match (self, self.bound(ttl)) {
+            (Self::Ttl, Some(b)) => format!("within {b:?} (the TTL)"),
+            (Self::TtlRoundedUp { .. }, Some(b)) => {
+                format!("within {b:?} (the TTL rounded up to the server's lease granularity)")
+            }
+            _ => "when the holder's process exits (the lock dies with its session)".to_owned(),
+        }
+    }
+}
+
 /// The longest TTL a backend accepts unless it declares otherwise: one day. A lease meant to last
 /// longer should be renewed.
 pub const DEFAULT_MAX_TTL: Duration = Duration::from_secs(24 * 60 * 60);
@@ -111,6 +163,9 @@ pub struct Capabilities {
     pub min_ttl: Duration,
     /// The longest TTL the backend accepts.
     pub max_ttl: Duration,
+    /// How long a lock outlives a crashed holder (see
+    /// [`crash_release_bound`](Self::crash_release_bound)).
+    pub crash_release: CrashRelease,
     /// Whether [`LockBackend::semaphore`](crate::LockBackend::semaphore) gives permit views.
     pub semaphores: bool,
     /// Whether [`LockBackend::election`](crate::LockBackend::election) gives election views.
@@ -119,8 +174,9 @@ pub struct Capabilities {
 
 impl Capabilities {
     /// Capabilities of the backend `name` with the given safety and fencing, polling for
-    /// waits, TTL renewal by `extend`, TTLs from 1 ms to [`DEFAULT_MAX_TTL`], and neither
-    /// semaphores nor elections.
+    /// waits, TTL renewal by `extend`, TTLs from 1 ms to [`DEFAULT_MAX_TTL`], a crashed
+    /// holder's lock freed within the TTL ([`CrashRelease::Ttl`]), and neither semaphores nor
+    /// elections.
     pub const fn new(name: &'static str, safety: SafetyClass, fencing: FencingKind) -> Self {
         Self {
             name,
@@ -130,9 +186,22 @@ impl Capabilities {
             renewal: RenewalKind::Extend,
             min_ttl: Duration::from_millis(1),
             max_ttl: DEFAULT_MAX_TTL,
+            crash_release: CrashRelease::Ttl,
             semaphores: false,
             elections: false,
         }
+    }
+
+    /// Sets how long a lock outlives a crashed holder.
+    pub const fn with_crash_release(mut self, crash_release: CrashRelease) -> Self {
+        self.crash_release = crash_release;
+        self
+    }
+
+    /// How long after its holder crashed a lock of `ttl` is free again at most (network and
+    /// server delays aside); `None` when it is freed as the holder's process ends.
+    pub fn crash_release_bound(&self, ttl: Duration) -> Option<Duration> {
+        self.crash_release.bound(ttl)
     }
 
     /// Says the backend gives semaphores.
@@ -205,6 +274,26 @@ impl Capabilities {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn crash_release_bounds() {
+        let s = Duration::from_secs;
+        let etcd = CrashRelease::TtlRoundedUp {
+            step: s(1),
+            min: s(2),
+        };
+        assert_eq!(etcd.bound(Duration::from_millis(300)), Some(s(2)));
+        assert_eq!(etcd.bound(Duration::from_millis(3_001)), Some(s(4)));
+        assert_eq!(etcd.bound(s(5)), Some(s(5)));
+        assert_eq!(etcd.bound(Duration::MAX), Some(Duration::MAX));
+        assert_eq!(CrashRelease::Ttl.bound(s(5)), Some(s(5)));
+        assert_eq!(CrashRelease::ProcessExit.bound(s(5)), None);
+        assert!(
+            CrashRelease::ProcessExit
+                .describe(s(1))
+                .contains("process exits")
+        );
+    }
 
     #[test]
     fn correctness_gap_names_each_missing_property() {

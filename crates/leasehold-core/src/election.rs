@@ -89,3 +89,23 @@ pub trait ElectionBackend: LockBackend {
         deadline: Instant,
     ) -> Result<Option<Leader>, Error>;
 }
+
+/// The shared [`ElectionBackend::observe`] of backends without a native watch: asks
+/// [`leader`](ElectionBackend::leader) every `every` until the answer differs from `last` or
+/// `deadline` passes, and returns the last answer.
+pub async fn poll_leader<E: ElectionBackend + ?Sized>(
+    view: &E,
+    key: &LockKey,
+    last: Option<&Leader>,
+    deadline: Instant,
+    every: std::time::Duration,
+) -> Result<Option<Leader>, Error> {
+    loop {
+        let now = view.leader(key).await?;
+        let at = Instant::now();
+        if now.as_ref() != last || at >= deadline {
+            return Ok(now);
+        }
+        tokio::time::sleep_until((at + every).min(deadline)).await;
+    }
+}

@@ -16,7 +16,7 @@ use crate::error::Error;
 use crate::key::LockKey;
 use crate::loss::LossReason;
 use crate::metrics;
-use crate::policy::check_ttl;
+use crate::policy::{Renewal, check_ttl};
 use crate::release::{Horizon, RELEASE_BUDGET, release_in_background, retry_release};
 use crate::renewal::{Renewable, Renewer, Ticket};
 use crate::signal::{LostSignal, Shared};
@@ -50,6 +50,9 @@ struct Inner {
     released: AtomicBool,
     /// The lease's place in the renewal engine's queue, while it renews.
     watchdog: Mutex<Option<Ticket>>,
+    /// The latest instant a renewal request of the grant may still re-arm its TTL (the end, or
+    /// the bound, of the last batch or `extend` sent for it).
+    renewing_until: Mutex<Option<Instant>>,
 }
 
 impl Inner {
@@ -67,9 +70,24 @@ impl Inner {
     }
 
     /// How long a background release of this grant may go on, the grant last re-armed by a
-    /// request sent no later than `armed`.
+    /// request sent no later than `armed`, or by a renewal still under way then: the horizon
+    /// counts from the last request that could have armed the TTL.
     fn horizon(&self, armed: Instant) -> Horizon {
+        let renewing = *self
+            .renewing_until
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let armed = renewing.map_or(armed, |r| r.max(armed));
         Horizon::of(&self.caps, armed, self.ttl(), self.shared.drift())
+    }
+
+    /// A renewal request may re-arm the grant until `until`.
+    fn note_renewal(&self, until: Instant) {
+        let mut r = self
+            .renewing_until
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        *r = Some(r.map_or(until, |r| r.max(until)));
     }
 
     fn stop_watchdog(&self) {
@@ -98,6 +116,10 @@ impl Renewable for Inner {
 
     fn key(&self) -> &LockKey {
         &self.key
+    }
+
+    fn renewing(&self, until: Instant) {
+        self.note_renewal(until);
     }
 
     fn release_again(self: Arc<Self>) {
@@ -160,15 +182,17 @@ impl Lease {
                 ttl: Mutex::new(ttl),
                 released: AtomicBool::new(false),
                 watchdog: Mutex::new(None),
+                renewing_until: Mutex::new(None),
             }),
         }
     }
 
-    /// Queues the lease in the locker's renewal engine: renewed every `interval` (in batches
-    /// with the locker's other leases) until released, dropped or lost.
-    pub(crate) fn start_watchdog(&self, renewer: &Renewer, interval: Duration) {
+    /// Queues the lease in the locker's renewal engine: renewed as `policy` says (every
+    /// `interval` now, in batches with the locker's other leases) until released, dropped or
+    /// lost.
+    pub(crate) fn start_watchdog(&self, renewer: &Renewer, policy: Renewal, interval: Duration) {
         let lease: Weak<dyn Renewable> = Arc::downgrade(&self.inner) as Weak<Inner>;
-        let Some(ticket) = renewer.register(lease, interval) else {
+        let Some(ticket) = renewer.register(lease, interval, policy) else {
             tracing::warn!(key = %self.inner.key, "no Tokio runtime: lease renewal is off");
             return;
         };
@@ -248,8 +272,24 @@ impl Lease {
         }
     }
 
+    /// An `extend` to `ttl` succeeded: the watchdog (if one runs) renews by the new TTL from
+    /// now on (`ttl / 3` with [`Renewal::Auto`]), so a shorter TTL is not left on the old,
+    /// longer interval to expire between two renewals.
+    fn rearm_watchdog(&self, ttl: Duration) {
+        let watchdog = self
+            .inner
+            .watchdog
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(ticket) = watchdog.as_ref()
+            && let Some(interval) = ticket.policy.interval_for(ttl, self.inner.shared.drift())
+        {
+            ticket.rearm(interval);
+        }
+    }
+
     /// Re-arms the lease for `ttl` if we still hold it, moving the validity deadline to
-    /// `now + ttl − drift`. If the backend says we no longer hold it, the lost signal fires and
+    /// `now + ttl − drift`; the renewal watchdog then renews by the new TTL. If the backend says we no longer hold it, the lost signal fires and
     /// the error is [`ErrorKind::LeaseLost`](crate::ErrorKind::LeaseLost). A fault (the backend
     /// unreachable) is returned as is: the lease stays valid until its current deadline.
     pub async fn extend(&self, ttl: Duration) -> Result<(), Error> {
@@ -260,6 +300,8 @@ impl Lease {
         let span = tracing::debug_span!("leasehold.extend", backend = self.backend_name(), key = %self.inner.key);
         async {
             let started = Instant::now();
+            // Until it answers (or is dropped unanswered), this request may re-arm the grant.
+            let _sent = ExtendSent(&self.inner);
             let outcome = self
                 .inner
                 .backend
@@ -273,6 +315,7 @@ impl Lease {
                             .ttl
                             .lock()
                             .unwrap_or_else(PoisonError::into_inner) = ttl;
+                        self.rearm_watchdog(ttl);
                         Ok(())
                     }
                     Err(reason) => Err(self.lost_error(reason)),
@@ -327,7 +370,8 @@ impl Lease {
         let name = self.backend_name();
         let span = tracing::debug_span!("leasehold.release", backend = name, key = %self.inner.key);
         async {
-            // No extend can be sent after this instant: the watchdog is stopped.
+            // No renewal is sent after this instant (the watchdog is stopped); one already under
+            // way moves the horizon on by itself (`renewing_until`).
             let armed = Instant::now();
             let inner = &*self.inner;
             let result =
@@ -401,6 +445,16 @@ impl Drop for Lease {
                 "lease dropped outside a Tokio runtime; the grant ends by its TTL or session"
             );
         }
+    }
+}
+
+/// An `extend` request under way: when it ends (answered, failed or dropped unanswered), the
+/// grant may have been re-armed until then.
+struct ExtendSent<'a>(&'a Inner);
+
+impl Drop for ExtendSent<'_> {
+    fn drop(&mut self) {
+        self.0.note_renewal(Instant::now());
     }
 }
 

@@ -79,6 +79,15 @@
 //!   lease's [lost signal](Lease::lost) fires: the holder is told, not left to find out on its
 //!   next write.
 //!
+//! # Tracing
+//!
+//! Every operation runs in a `tracing` span at DEBUG level, with the backend's name:
+//! `leasehold.try_acquire` and `leasehold.acquire` (and `key`), `leasehold.extend` and `leasehold.release` (and `key`),
+//! `leasehold.release.background` (a release retried in the background, a dropped lease's or
+//! an abandoned acquisition's) and `leasehold.renew_batch` (one batch of the renewal engine,
+//! and its `size`); each ends with a DEBUG event that says how it went and how long it took.
+//! Losses are WARN events (`leasehold.lost`). Metrics: the [`metrics`] module.
+//!
 //! # What this does not promise
 //!
 //! A lease can always be lost while its holder is paused; only a **fencing token** checked by
@@ -112,13 +121,16 @@ mod caps;
 mod detach;
 pub mod driver;
 pub mod election;
+mod elector;
 mod error;
 pub mod fence;
 mod key;
 mod lease;
+mod lock_election;
 mod locker;
 mod loss;
 mod memory;
+mod memory_election;
 mod memory_permits;
 pub mod metrics;
 mod policy;
@@ -128,24 +140,29 @@ mod renewal;
 pub mod semaphore;
 mod signal;
 mod token;
+pub mod transport;
 mod validity;
 
 pub use backend::{
-    ExtendRequest, Grant, GrantState, Held, HolderInfo, LockBackend, LockBackendExt, LockRequest,
-    Waited,
+    ExtendRequest, Extended, Grant, GrantState, Held, HolderInfo, LockBackend, LockBackendExt,
+    LockRequest, Waited,
 };
-pub use caps::{Capabilities, DEFAULT_MAX_TTL, FencingKind, RenewalKind, SafetyClass, WaitKind};
+pub use caps::{
+    Capabilities, CrashRelease, DEFAULT_MAX_TTL, FencingKind, RenewalKind, SafetyClass, WaitKind,
+};
 pub use detach::settle;
-pub use election::{Candidate, ElectionBackend, Leader};
+pub use election::{Candidate, ElectionBackend, Leader, poll_leader};
+pub use elector::{Elector, Leadership};
 pub use error::{Error, ErrorKind, NodeError};
 pub use fence::{Admission, FenceStore, MemoryFenceStore};
 pub use key::{IntoLockKey, KeyError, LockKey, MAX_KEY_LEN};
 pub use lease::{Lease, LeaseInfo};
+pub use lock_election::{LeaderStore, LockElection};
 pub use locker::Locker;
 pub use loss::LossReason;
 pub use memory::MemoryBackend;
 pub use memory_permits::MemoryPermits;
-pub use policy::{Backoff, Drift, LockOptions, Renewal};
+pub use policy::{Backoff, Drift, LockOptions, MIN_RENEWAL_SLACK, Renewal};
 pub use redaction::{Redacted, redact};
 pub use release::{Horizon, RELEASE_BUDGET, release_in_background, retry_release};
 pub use renewal::{MAX_BATCH, extend_each};

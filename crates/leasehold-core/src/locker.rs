@@ -260,10 +260,9 @@ impl Locker {
         let monitor = LeaseMonitor::new(&shared);
         let started = Instant::now();
         let cleanup = Cleanup {
-            backend: &self.backend,
             key,
             owner: &owner,
-            horizon: Horizon::of(&self.caps, started, ttl, &self.options.drift),
+            locker: self,
             armed: true,
         };
         let req = LockRequest::new(key, &owner, ttl, started, &monitor);
@@ -322,7 +321,7 @@ impl Locker {
         if self.caps.renewal == RenewalKind::Extend
             && let Some(interval) = self.options.renewal_interval()
         {
-            lease.start_watchdog(&self.renewer, interval);
+            lease.start_watchdog(&self.renewer, self.options.renewal, interval);
         }
         Ok((Some(lease), attempts))
     }
@@ -349,12 +348,13 @@ fn log_outcome(result: &Result<bool, &Error>, attempts: u32, started: Option<Ins
 
 /// Releases by owner, in the background, an acquisition whose outcome was never seen: armed
 /// until [`disarm`](Self::disarm)ed. It borrows, and clones only when it must release.
-/// Transient faults are retried as for a dropped lease, until `horizon`.
+/// Transient faults are retried as for a dropped lease, until the grant's TTL, counted from
+/// the clean-up (the request that may have granted, a native wait's last attempt included,
+/// was sent before it), has passed.
 struct Cleanup<'a> {
-    backend: &'a Arc<dyn LockBackend>,
     key: &'a LockKey,
     owner: &'a Owner,
-    horizon: Horizon,
+    locker: &'a Locker,
     armed: bool,
 }
 
@@ -370,10 +370,12 @@ impl Drop for Cleanup<'_> {
         if !self.armed {
             return;
         }
-        let backend = Arc::clone(self.backend);
+        let (caps, options) = (&self.locker.caps, &self.locker.options);
+        let horizon = Horizon::of(caps, Instant::now(), options.ttl, &options.drift);
+        let backend = Arc::clone(&self.locker.backend);
         let key = self.key.clone();
         let owner = self.owner.clone();
-        release_in_background(self.backend.name(), self.horizon, false, move || {
+        release_in_background(backend.name(), horizon, false, move || {
             let (backend, key, owner) = (Arc::clone(&backend), key.clone(), owner.clone());
             async move { backend.release(Held::new(&key, &owner, None, None)).await }
         });

@@ -40,6 +40,8 @@ struct State {
     slots: Mutex<HashMap<LockKey, Slot>>,
     fence: AtomicU64,
     permits: Arc<PermitTable>,
+    /// The locks and values of elections, apart from the locks of the same keys.
+    elections: std::sync::OnceLock<crate::memory_election::Elections>,
 }
 
 #[derive(Debug)]
@@ -144,6 +146,7 @@ impl LockBackend for MemoryBackend {
         Capabilities::new(NAME, SafetyClass::Process, FencingKind::Monotonic)
             .with_wait(WaitKind::Native)
             .with_semaphores()
+            .with_elections()
     }
 
     /// A [`MemoryPermits`] view sharing this backend's permits.
@@ -156,12 +159,9 @@ impl LockBackend for MemoryBackend {
         )))
     }
 
-    fn election(self: Arc<Self>, _candidate: Candidate) -> Result<Arc<dyn ElectionBackend>, Error> {
-        Err(Error::unsupported_primitive(
-            NAME,
-            "elections",
-            "not built yet",
-        ))
+    fn election(self: Arc<Self>, candidate: Candidate) -> Result<Arc<dyn ElectionBackend>, Error> {
+        let elections = self.inner.elections.get_or_init(Default::default);
+        Ok(Arc::new(elections.view(candidate)))
     }
 
     async fn try_lock(&self, req: LockRequest<'_>) -> Result<Option<Grant>, Error> {
@@ -241,10 +241,7 @@ impl LockBackend for MemoryBackend {
     }
 
     /// No batch request here: each grant in turn.
-    async fn extend_many(
-        &self,
-        reqs: &[crate::ExtendRequest<'_>],
-    ) -> Vec<Result<Option<crate::Validity>, crate::Error>> {
+    async fn extend_many(&self, reqs: &[crate::ExtendRequest<'_>]) -> Vec<crate::Extended> {
         crate::extend_each(self, reqs).await
     }
 
@@ -362,10 +359,7 @@ mod tests {
                 self.inner.extend(req).await
             }
             /// No batch request here: each grant in turn.
-            async fn extend_many(
-                &self,
-                reqs: &[crate::ExtendRequest<'_>],
-            ) -> Vec<Result<Option<crate::Validity>, crate::Error>> {
+            async fn extend_many(&self, reqs: &[crate::ExtendRequest<'_>]) -> Vec<crate::Extended> {
                 crate::extend_each(self, reqs).await
             }
 

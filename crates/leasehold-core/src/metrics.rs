@@ -21,6 +21,9 @@
 //! | `leasehold_renewal_batch_size` | histogram | `backend` | leases renewed together in one batch of the renewal engine (one `extend_many` call) |
 //! | `leasehold_renewal_batch_seconds` | histogram | `backend` | duration of each renewal batch, from before it was sent to its last answer |
 //! | `leasehold_renewal_batch_failures_total` | counter | `backend` | renewal batches in which at least one lease got a fault (a batch that failed or timed out as a whole counts once) |
+//! | `leasehold_pool_sessions` | gauge | `backend` | server sessions (connections) a backend's bounded pool has open or is opening (PostgreSQL: at most `max_sessions`) |
+//! | `leasehold_pool_waiters` | gauge | `backend` | requests waiting for a session of a full pool |
+//! | `leasehold_pool_wait_seconds` | histogram | `backend` | how long each request that found the pool full waited for a session (whether it got one or not) |
 //! | `leasehold_requests_total` | counter | `route`, `outcome` | recorded by `leasehold-tower`'s `LockLayer`: one per request, see its documentation |
 //!
 //! `backend` is the backend's name (`memory`, `redis`, `redlock`, `postgres`, `etcd`, `file`,
@@ -53,6 +56,12 @@ pub const RENEWAL_BATCH_SIZE: &str = "leasehold_renewal_batch_size";
 pub const RENEWAL_BATCH_SECONDS: &str = "leasehold_renewal_batch_seconds";
 /// Counter: renewal batches with at least one fault, by `backend`.
 pub const RENEWAL_BATCH_FAILURES: &str = "leasehold_renewal_batch_failures_total";
+/// Gauge: sessions a backend's pool has open or is opening, by `backend`.
+pub const POOL_SESSIONS: &str = "leasehold_pool_sessions";
+/// Gauge: requests waiting for a session of a full pool, by `backend`.
+pub const POOL_WAITERS: &str = "leasehold_pool_waiters";
+/// Histogram: seconds a request waited for a session of a full pool, by `backend`.
+pub const POOL_WAIT_SECONDS: &str = "leasehold_pool_wait_seconds";
 /// Counter: requests through `leasehold-tower`'s `LockLayer`, by `route` and `outcome`.
 pub const REQUESTS: &str = "leasehold_requests_total";
 
@@ -130,6 +139,21 @@ pub fn describe() {
         RELEASES_GIVEN_UP,
         Unit::Count,
         "Background releases that stopped without an answer, by reason"
+    );
+    describe_gauge!(
+        POOL_SESSIONS,
+        Unit::Count,
+        "Server sessions the backend's pool has open or is opening"
+    );
+    describe_gauge!(
+        POOL_WAITERS,
+        Unit::Count,
+        "Requests waiting for a session of a full pool"
+    );
+    describe_histogram!(
+        POOL_WAIT_SECONDS,
+        Unit::Seconds,
+        "Time requests waited for a session of a full pool"
     );
     describe_counter!(
         REQUESTS,
@@ -258,4 +282,47 @@ pub(crate) fn renewal_batch(
     }
     #[cfg(not(feature = "metrics"))]
     let _ = (backend, size, failed, started);
+}
+
+/// A backend's session pool (a driver's, e.g. PostgreSQL's bounded pool) opened (`+n`) or
+/// closed (`-n`) sessions; [`POOL_SESSIONS`] sums every pool of the backend's name. For
+/// drivers; does nothing without the `metrics` feature.
+#[inline(always)]
+pub fn pool_sessions(backend: &'static str, delta: f64) {
+    #[cfg(feature = "metrics")]
+    metrics::gauge!(POOL_SESSIONS, "backend" => backend).increment(delta);
+    #[cfg(not(feature = "metrics"))]
+    let _ = (backend, delta);
+}
+
+/// A request starts waiting for a session of a full pool; the returned guard counts it in
+/// [`POOL_WAITERS`] until dropped, and then records the wait in [`POOL_WAIT_SECONDS`]. For
+/// drivers; records nothing without the `metrics` feature.
+pub fn pool_wait(backend: &'static str) -> PoolWait {
+    #[cfg(feature = "metrics")]
+    metrics::gauge!(POOL_WAITERS, "backend" => backend).increment(1.0);
+    PoolWait {
+        backend,
+        started: tokio::time::Instant::now(),
+    }
+}
+
+/// A wait for a pool's session, counted until dropped (see [`pool_wait`]).
+#[derive(Debug)]
+pub struct PoolWait {
+    backend: &'static str,
+    started: tokio::time::Instant,
+}
+
+impl Drop for PoolWait {
+    fn drop(&mut self) {
+        #[cfg(feature = "metrics")]
+        {
+            metrics::gauge!(POOL_WAITERS, "backend" => self.backend).decrement(1.0);
+            metrics::histogram!(POOL_WAIT_SECONDS, "backend" => self.backend)
+                .record(self.started.elapsed().as_secs_f64());
+        }
+        #[cfg(not(feature = "metrics"))]
+        let _ = (self.backend, self.started);
+    }
 }

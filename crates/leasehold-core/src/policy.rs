@@ -127,6 +127,26 @@ pub enum Renewal {
     Every(Duration),
 }
 
+impl Renewal {
+    /// The interval for a lease of `ttl`: `ttl / 3` ([`Auto`](Self::Auto)), the fixed interval
+    /// ([`Every`](Self::Every)) while it is shorter than the usable lease (`ttl` minus the
+    /// drift margin) and `ttl / 3` once a shorter TTL makes it too long; `None` when off.
+    pub(crate) fn interval_for(self, ttl: Duration, drift: &Drift) -> Option<Duration> {
+        match self {
+            Self::Off => None,
+            Self::Auto => Some(ttl / 3),
+            Self::Every(d) if d < ttl.saturating_sub(drift.margin(ttl)) => Some(d),
+            Self::Every(_) => Some(ttl / 3),
+        }
+    }
+}
+
+/// The least time automatic renewal needs between a renewal falling due and the lease's usable
+/// deadline (a round trip to the server, and the scheduling of two busy cores): a TTL that
+/// leaves less is refused when renewal is on. With [`Renewal::Auto`] and the default drift
+/// margin, that makes 26 ms the shortest renewable TTL.
+pub const MIN_RENEWAL_SLACK: Duration = Duration::from_millis(15);
+
 /// How a [`Locker`](crate::Locker) acquires and keeps leases.
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
@@ -185,10 +205,27 @@ impl LockOptions {
     }
 
     /// Checks the options against a backend's capabilities.
+    ///
+    /// With renewal on, a TTL whose renewal cannot come at least [`MIN_RENEWAL_SLACK`] before
+    /// the lease's usable deadline is refused: it would expire between two renewals, however
+    /// fast the server.
     pub fn validate(&self, caps: &Capabilities) -> Result<(), Error> {
         self.drift.validate()?;
         self.backoff.validate()?;
         check_ttl(self.ttl, &self.drift, caps)?;
+        if caps.renewal == crate::caps::RenewalKind::Extend
+            && let Some(interval) = self.renewal_interval()
+        {
+            let usable = self.ttl.saturating_sub(self.drift.margin(self.ttl));
+            if usable.saturating_sub(interval) < MIN_RENEWAL_SLACK {
+                return Err(invalid(format!(
+                    "ttl {:?} is too short to be kept by renewal: renewing every {interval:?} \
+                     leaves less than {MIN_RENEWAL_SLACK:?} before the usable lease ({usable:?}, \
+                     ttl minus drift margin) ends; use a longer ttl or Renewal::Off",
+                    self.ttl
+                )));
+            }
+        }
         if let Renewal::Every(d) = self.renewal {
             let usable = self.ttl.saturating_sub(self.drift.margin(self.ttl));
             if d.is_zero() || d >= usable {
@@ -232,6 +269,45 @@ fn invalid(msg: impl Into<String>) -> Error {
 mod tests {
     use super::*;
     use crate::caps::{FencingKind, SafetyClass};
+
+    #[test]
+    fn a_ttl_renewal_cannot_keep_is_refused() {
+        let caps = Capabilities::new("test", SafetyClass::Efficiency, FencingKind::None);
+        let ms = Duration::from_millis;
+        let auto = |ttl| LockOptions::default().with_ttl(ttl).validate(&caps);
+        let e = auto(ms(20)).unwrap_err();
+        assert!(
+            e.to_string().contains("too short to be kept by renewal"),
+            "{e}"
+        );
+        assert!(auto(ms(5)).is_err());
+        assert!(auto(ms(30)).is_ok());
+        let off = LockOptions::default()
+            .with_ttl(ms(5))
+            .with_renewal(Renewal::Off);
+        assert!(
+            off.validate(&caps).is_ok(),
+            "without renewal a short TTL is fine"
+        );
+        // A backend that keeps grants alive itself declares its own minimum.
+        let session = caps.with_renewal(crate::caps::RenewalKind::Session);
+        assert!(
+            LockOptions::default()
+                .with_ttl(ms(5))
+                .validate(&session)
+                .is_ok()
+        );
+        // Every(d) on a shorter TTL falls back to ttl / 3.
+        let d = Drift::default();
+        assert_eq!(
+            Renewal::Every(ms(500)).interval_for(ms(300), &d),
+            Some(ms(100))
+        );
+        assert_eq!(
+            Renewal::Every(ms(50)).interval_for(ms(300), &d),
+            Some(ms(50))
+        );
+    }
 
     #[test]
     fn drift_margin_is_one_percent_plus_two_ms() {

@@ -28,15 +28,16 @@ use rand::Rng as _;
 use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
+use tracing::Instrument as _;
 
 use crate::backend::LockBackendExt as _;
-use crate::backend::{ExtendRequest, Held, LockBackend};
+use crate::backend::{ExtendRequest, Extended, Held, LockBackend};
 use crate::error::{Error, ErrorKind};
 use crate::key::LockKey;
 use crate::loss::LossReason;
 use crate::metrics;
+use crate::policy::Renewal;
 use crate::signal::Shared;
-use crate::validity::Validity;
 
 /// The most leases handed to the backend in one [`LockBackend::extend_many`] call; the backend
 /// splits them further as its protocol needs (the Redis backends send scripts of at most a few
@@ -53,6 +54,9 @@ pub(crate) trait Renewable: Send + Sync {
     fn status(&self) -> &Shared;
     /// The key, for logs.
     fn key(&self) -> &LockKey;
+    /// A renewal request for the grant is under way and may re-arm its TTL until `until` (the
+    /// instant its batch ends at the latest): a release's horizon counts from then.
+    fn renewing(&self, until: Instant);
     /// A renewal answered after the holder had let the lease go: it may have armed the grant
     /// again (a Redlock extend sets a missing key again), so the grant is released again, in
     /// the background.
@@ -101,6 +105,8 @@ struct Entry {
 pub(crate) struct Ticket {
     engine: Arc<Engine>,
     id: u64,
+    /// How the lease is renewed, to re-plan its interval when it is extended to another TTL.
+    pub(crate) policy: Renewal,
 }
 
 impl Drop for Ticket {
@@ -115,6 +121,31 @@ impl Drop for Ticket {
         drop(q);
         if empty {
             // Lets the engine's task see the queue empty and end.
+            self.engine.wake.notify_one();
+        }
+    }
+}
+
+impl Ticket {
+    /// Renews the lease every `interval` from now on (an `extend` with another TTL): due at
+    /// once by the new interval if that comes before the renewal already planned.
+    pub(crate) fn rearm(&self, interval: Duration) {
+        let mut q = self.engine.lock();
+        let Queue { entries, due, .. } = &mut *q;
+        let Some(entry) = entries.get_mut(&self.id) else {
+            return;
+        };
+        entry.interval = interval;
+        let Some(planned) = entry.due else {
+            // In a batch now: its answer is planned with the new interval.
+            return;
+        };
+        let sooner = Instant::now() + interval;
+        if sooner < planned {
+            due.remove(&(planned, self.id));
+            entry.due = Some(sooner);
+            due.insert((sooner, self.id));
+            drop(q);
             self.engine.wake.notify_one();
         }
     }
@@ -137,6 +168,7 @@ impl Renewer {
         &self,
         lease: Weak<dyn Renewable>,
         interval: Duration,
+        policy: Renewal,
     ) -> Option<Ticket> {
         let rt = tokio::runtime::Handle::try_current().ok()?;
         let due = Instant::now() + interval;
@@ -163,6 +195,7 @@ impl Renewer {
         Some(Ticket {
             engine: Arc::clone(&self.engine),
             id,
+            policy,
         })
     }
 }
@@ -221,8 +254,18 @@ impl Engine {
         }
     }
 
-    /// Renews `batch` in one call, then queues each lease again (or lets it go).
+    /// Renews `batch` in one call (in a span of its own), then queues each lease again (or
+    /// lets it go).
     async fn renew(self: Arc<Self>, batch: Vec<Member>) {
+        let span = tracing::debug_span!(
+            "leasehold.renew_batch",
+            backend = self.backend.name(),
+            size = batch.len()
+        );
+        self.renew_batch(batch).instrument(span).await;
+    }
+
+    async fn renew_batch(&self, batch: Vec<Member>) {
         let started = Instant::now();
         let ttls: Vec<Duration> = batch.iter().map(|m| m.lease.ttl()).collect();
         let reqs: Vec<ExtendRequest<'_>> = batch
@@ -231,6 +274,9 @@ impl Engine {
             .map(|(m, &ttl)| ExtendRequest::new(m.lease.held(), ttl, started))
             .collect();
         let bound = batch_bound(&batch, started);
+        for m in &batch {
+            m.lease.renewing(started + bound);
+        }
         let name = self.backend.name();
         let outcomes = match tokio::time::timeout(bound, self.backend.extend_many(&reqs)).await {
             Ok(out) if out.len() == reqs.len() => out,
@@ -250,6 +296,11 @@ impl Engine {
         drop(reqs);
         let failed = outcomes.iter().filter(|o| o.is_err()).count();
         metrics::renewal_batch(name, batch.len(), failed, started);
+        tracing::debug!(
+            failed,
+            elapsed_ms = started.elapsed().as_secs_f64() * 1e3,
+            "leasehold.renew_batch"
+        );
         let next: Vec<Next> = batch
             .iter()
             .zip(outcomes)
@@ -260,6 +311,9 @@ impl Engine {
             match next {
                 Next::At(at) => {
                     if let Some(entry) = q.entries.get_mut(&m.id) {
+                        // A lease re-armed with a shorter interval while this batch ran
+                        // (`Ticket::rearm`) is due by its new interval.
+                        let at = at.min(started + entry.interval);
                         entry.due = Some(at);
                         q.due.insert((at, m.id));
                     }
@@ -340,19 +394,14 @@ fn batch_error(
     backend: &'static str,
     kind: ErrorKind,
     msg: &str,
-) -> Vec<Result<Option<Validity>, Error>> {
+) -> Vec<Extended> {
     reqs.iter()
         .map(|_| Err(Error::new(kind, backend, msg.to_owned())))
         .collect()
 }
 
 /// Applies one lease's outcome: its next renewal, or the end of its renewals.
-fn settle(
-    m: &Member,
-    outcome: Result<Option<Validity>, Error>,
-    started: Instant,
-    backend: &'static str,
-) -> Next {
+fn settle(m: &Member, outcome: Extended, started: Instant, backend: &'static str) -> Next {
     let lease = &m.lease;
     let status = lease.status();
     match outcome {
@@ -406,7 +455,7 @@ fn settle(
 pub async fn extend_each<B: LockBackend + ?Sized>(
     backend: &B,
     reqs: &[ExtendRequest<'_>],
-) -> Vec<Result<Option<Validity>, Error>> {
+) -> Vec<Extended> {
     let mut out = Vec::with_capacity(reqs.len());
     for req in reqs {
         out.push(backend.extend(*req).await);
@@ -418,6 +467,32 @@ pub async fn extend_each<B: LockBackend + ?Sized>(
 mod tests {
     use super::*;
     use crate::{LockOptions, Locker, MemoryBackend, Renewal};
+
+    /// An `extend` to a shorter TTL re-arms the renewal interval from it: a lease renewed every
+    /// 10 s (TTL 30 s) and extended to 300 ms used to keep the 10 s interval and expire
+    /// between two renewals.
+    #[tokio::test(start_paused = true)]
+    async fn extending_to_a_shorter_ttl_renews_by_the_new_ttl() {
+        let locker = Locker::new(MemoryBackend::new())
+            .with_options(LockOptions::default().with_ttl(Duration::from_secs(30)))
+            .unwrap();
+        let lease = locker.try_acquire("k").await.unwrap().unwrap();
+        lease.extend(Duration::from_millis(300)).await.unwrap();
+        let (_, due) = queued(&locker);
+        assert!(
+            due.iter()
+                .all(|&d| d <= Instant::now() + Duration::from_millis(100)),
+            "{due:?}"
+        );
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert!(!lease.is_lost(), "expired between two renewals");
+        assert!(lease.valid_until() > Instant::now());
+        // And back to a longer TTL: the interval grows again.
+        lease.extend(Duration::from_secs(30)).await.unwrap();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(!lease.is_lost());
+        assert!(lease.release().await.unwrap());
+    }
 
     fn queued(locker: &Locker) -> (usize, Vec<Instant>) {
         let q = locker.renewer.engine.lock();

@@ -2,23 +2,22 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use etcd_client::{Client, ConnectOptions, GetOptions};
 use leasehold_core::{
-    Capabilities, DEFAULT_MAX_TTL, Error, ErrorKind, ExtendRequest, FencingKind, FencingToken,
-    Grant, Held, HolderInfo, LockBackend, LockKey, LockRequest, Owner, RenewalKind, SafetyClass,
-    Validity, WaitKind, Waited, async_trait,
+    Capabilities, CrashRelease, DEFAULT_MAX_TTL, Error, ExtendRequest, FencingKind, Grant, Held,
+    HolderInfo, LockBackend, LockKey, LockRequest, RenewalKind, SafetyClass, Validity, WaitKind,
+    Waited, async_trait,
 };
-use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use crate::NAME;
-use crate::client::{Inner, LocalSlot, first_created, waiter_key};
+use crate::client::Inner;
 use crate::config::{EtcdConfig, LeaseMode};
 use crate::error::{EtcdError, with_timeout};
-use crate::job::{EtcdGrant, Job, Mode};
+use crate::job::{EtcdGrant, Mode};
+use crate::session::MIN_LEASE_TTL;
 
 /// What etcd guarantees and supports: a constant, as
 /// [`LockBackend::capabilities`] requires.
@@ -26,7 +25,12 @@ const CAPABILITIES: Capabilities =
     Capabilities::new(NAME, SafetyClass::Correctness, FencingKind::Monotonic)
         .with_wait(WaitKind::Native)
         .with_renewal(RenewalKind::Session)
-        .with_ttl_range(Duration::from_secs(1), DEFAULT_MAX_TTL);
+        .with_ttl_range(Duration::from_secs(1), DEFAULT_MAX_TTL)
+        .with_crash_release(CrashRelease::TtlRoundedUp {
+            step: Duration::from_secs(1),
+            min: MIN_LEASE_TTL,
+        })
+        .with_elections();
 
 /// Locks on etcd: consensus-backed, with the lock key's create revision as fencing token.
 ///
@@ -51,6 +55,17 @@ impl EtcdBackend {
     /// missing permission shows here, not at the first lock).
     pub async fn connect(config: EtcdConfig) -> Result<Self, Error> {
         config.validate()?;
+        if config.user.is_some() && !config.is_tls() {
+            for endpoint in &config.endpoints {
+                let host = endpoint.strip_prefix("http://").unwrap_or(endpoint);
+                leasehold_core::transport::check_plaintext_password(
+                    NAME,
+                    host,
+                    "etcd user:password over plain gRPC (http://)",
+                    config.allow_plaintext_password,
+                )?;
+            }
+        }
         let mut opts = ConnectOptions::new()
             .with_connect_timeout(config.connect_timeout)
             .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2))
@@ -110,7 +125,10 @@ impl EtcdBackend {
         .await
         .map_err(|e| e.into_core("reaching etcd"))?;
         if backend.inner.config.lease_mode == LeaseMode::Session {
-            backend.inner.session().await?;
+            backend
+                .inner
+                .session(backend.inner.config.session_ttl)
+                .await?;
         }
         Ok(backend)
     }
@@ -120,11 +138,19 @@ impl EtcdBackend {
         &self.inner.config
     }
 
-    /// The id of the current session lease, if one is alive ([`LeaseMode::Session`]), as
-    /// `etcdctl lease list` shows it in hex.
+    /// The id of the current session lease of locks whose TTL rounds to `session_ttl`'s (the
+    /// lease granted on connecting), if one is alive ([`LeaseMode::Session`]), as `etcdctl lease
+    /// list` shows it in hex. Locks of another TTL are on the session lease of their own TTL
+    /// ([`session_lease_id_for`](Self::session_lease_id_for)).
     pub async fn session_lease_id(&self) -> Option<i64> {
-        let s = self.inner.session.lock().await;
-        s.as_ref().filter(|s| !s.is_lost()).map(|s| s.id())
+        self.session_lease_id_for(self.inner.config.session_ttl)
+            .await
+    }
+
+    /// The id of the live session lease of locks of `ttl` (one per TTL rounded up to whole
+    /// seconds, at least 2 s), if there is one.
+    pub async fn session_lease_id_for(&self, ttl: Duration) -> Option<i64> {
+        self.inner.live_session(ttl).await.map(|s| s.id())
     }
 
     /// The etcd key prefix under which `key`'s waiters live: `<prefix><escaped key>/` (the
@@ -155,60 +181,44 @@ impl EtcdBackend {
     async fn keys_gone(&self) -> bool {
         match self.inner.config.lease_mode {
             LeaseMode::PerLock => true,
-            LeaseMode::Session => self
-                .inner
-                .session
-                .lock()
-                .await
-                .as_ref()
-                .is_none_or(|s| s.is_lost()),
+            LeaseMode::Session => self.inner.no_live_session().await,
         }
     }
 
     async fn lock(&self, req: LockRequest<'_>, mode: Mode) -> Result<Option<Grant>, Error> {
-        let prefix = self.lock_prefix(req.key).into_bytes();
-        let (session, slot) = match self.inner.config.lease_mode {
-            LeaseMode::PerLock => (None, None),
-            LeaseMode::Session => loop {
-                let session = self.inner.session().await?;
-                let key = waiter_key(&prefix, session.id());
-                let slot = LocalSlot::new(&self.inner, key);
-                match mode {
-                    Mode::Try => match Arc::clone(&slot.sem).try_acquire_owned() {
-                        Ok(p) => break (Some(session), Some(slot.with(p))),
-                        Err(_) => return Ok(None),
-                    },
-                    Mode::Wait(deadline) => tokio::select! {
-                        p = Arc::clone(&slot.sem).acquire_owned() => match p {
-                            Ok(p) => break (Some(session), Some(slot.with(p))),
-                            Err(_) => return Err(Error::new(ErrorKind::Backend, NAME,
-                                "in-process lock table closed")),
-                        },
-                        // The local holder's session is gone: a new session means a new key.
-                        () = session.lost() => continue,
-                        () = tokio::time::sleep_until(deadline) => return Ok(None),
-                    },
-                }
-            },
-        };
-        let (tx, rx) = oneshot::channel();
-        let job = Job::new(&self.inner, prefix, &req, mode, session, slot);
-        // The etcd part runs in its own task, so a request that was sent always has its
-        // outcome seen: if our caller is gone by then, the task deletes what it created.
-        tokio::spawn(job.run(tx));
-        rx.await.unwrap_or_else(|_| {
-            Err(Error::new(
-                ErrorKind::Backend,
-                NAME,
-                "the acquisition task ended without an answer",
-            ))
-        })
+        crate::job::lock_under(
+            &self.inner,
+            self.lock_prefix(req.key).into_bytes(),
+            req,
+            mode,
+        )
+        .await
     }
 }
 
 #[async_trait]
 impl LockBackend for EtcdBackend {
-    leasehold_core::refuse_primitives!("not built yet");
+    fn semaphore(
+        self: Arc<Self>,
+        _limit: leasehold_core::PermitLimit,
+    ) -> Result<Arc<dyn leasehold_core::PermitBackend>, Error> {
+        Err(Error::unsupported_primitive(
+            NAME,
+            "semaphores",
+            "not built yet",
+        ))
+    }
+
+    fn election(
+        self: Arc<Self>,
+        candidate: leasehold_core::Candidate,
+    ) -> Result<Arc<dyn leasehold_core::ElectionBackend>, Error> {
+        Ok(Arc::new(crate::election::EtcdElection::new(
+            Arc::clone(&self.inner),
+            CAPABILITIES,
+            candidate,
+        )))
+    }
 
     fn capabilities(&self) -> Capabilities {
         CAPABILITIES
@@ -225,23 +235,7 @@ impl LockBackend for EtcdBackend {
 
     async fn release(&self, held: Held<'_>) -> Result<bool, Error> {
         match held.state::<EtcdGrant>() {
-            Some(g) => {
-                if g.done.load(Ordering::Acquire) {
-                    return Ok(false);
-                }
-                match g.inner.delete_if_owner(&g.key, &g.owner).await {
-                    Ok(ours) => {
-                        g.finish();
-                        Ok(ours)
-                    }
-                    // Our key lives on the session lease: once that is gone, so is the key.
-                    Err(_) if g.session.is_lost() => {
-                        g.finish();
-                        Ok(false)
-                    }
-                    Err(e) => Err(e.into_core("release")),
-                }
-            }
+            Some(g) => g.release().await,
             None => match self.release_by_owner(&held).await {
                 Err(_) if self.keys_gone().await => Ok(false),
                 other => other.map_err(|e| e.into_core("release")),
@@ -264,75 +258,27 @@ impl LockBackend for EtcdBackend {
                     .find_owner(&prefix, owner)
                     .await
                     .map_err(|e| e.into_core("extend"))?;
-                let current = self.inner.session.lock().await.clone();
-                let session = current.filter(|s| found.iter().any(|kv| kv.lease() == s.id()));
-                match (found.into_iter().next(), session) {
-                    (Some(kv), Some(s)) => (kv.key().to_vec(), owner, Some(s)),
-                    _ => return Ok(None),
+                let Some(kv) = found.into_iter().next() else {
+                    return Ok(None);
+                };
+                match self.inner.session_by_id(kv.lease()).await {
+                    Some(s) => (kv.key().to_vec(), owner, Some(s)),
+                    None => return Ok(None),
                 }
             }
         };
-        let Some(session) = session.filter(|s| !s.is_lost()) else {
-            return Ok(None);
-        };
-        // Confirm with etcd that our key is still there, on our lease.
-        let validity = session.validity(req.ttl);
-        let resp = self
-            .inner
-            .get("extend", key, None)
-            .await
-            .map_err(|e| e.into_core("extend"))?;
-        let held = resp
-            .kvs()
-            .first()
-            .is_some_and(|kv| kv.value() == owner.as_bytes() && kv.lease() == session.id());
-        Ok(held.then_some(validity))
+        crate::job::confirm(&self.inner, key, owner, session, req.ttl).await
     }
 
     /// No batch request here: each grant in turn.
     async fn extend_many(
         &self,
         reqs: &[leasehold_core::ExtendRequest<'_>],
-    ) -> Vec<Result<Option<leasehold_core::Validity>, leasehold_core::Error>> {
+    ) -> Vec<leasehold_core::Extended> {
         leasehold_core::extend_each(self, reqs).await
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
-        let prefix = self.lock_prefix(key);
-        let resp = self
-            .inner
-            .get("inspect", prefix.into_bytes(), Some(first_created()))
-            .await
-            .map_err(|e| e.into_core("inspect"))?;
-        let Some(holder) = resp.kvs().first() else {
-            return Ok(None);
-        };
-        let mut info = HolderInfo::unknown()
-            .with_fencing(FencingToken::new(
-                u64::try_from(holder.create_revision()).unwrap_or(0),
-            ))
-            .with_detail(format!(
-                "etcd key {:?} on lease {:x}",
-                String::from_utf8_lossy(holder.key()),
-                holder.lease()
-            ));
-        if !holder.value().is_empty() {
-            info = info.with_owner(Owner::from_raw(String::from_utf8_lossy(holder.value())));
-        }
-        if holder.lease() != 0 {
-            let lease = self.inner.client.lease_client();
-            let id = holder.lease();
-            if let Ok(ttl) = with_timeout(self.inner.config.request_timeout, "lease ttl", || {
-                let mut lease = lease.clone();
-                async move { lease.time_to_live(id, None).await }
-            })
-            .await
-                && ttl.ttl() > 0
-            {
-                info =
-                    info.with_remaining(Duration::from_secs(u64::try_from(ttl.ttl()).unwrap_or(0)));
-            }
-        }
-        Ok(Some(info))
+        crate::job::first_holder(&self.inner, self.lock_prefix(key)).await
     }
 }

@@ -9,19 +9,24 @@ use etcd_client::{
     Client, Compare, CompareOp, GetOptions, GetResponse, KeyValue, SortOrder, SortTarget, Txn,
     TxnOp, TxnOpResponse, TxnResponse,
 };
-use leasehold_core::{Backoff, Error, ErrorKind};
+use leasehold_core::{Backoff, Error, ErrorKind, FencingToken};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::NAME;
 use crate::config::EtcdConfig;
 use crate::error::{EtcdError, with_timeout};
-use crate::session::Session;
+use crate::session::{Session, lease_secs};
+
+/// How many session leases (distinct TTLs) a backend keeps before it revokes the ones nobody
+/// uses.
+const IDLE_SESSIONS: usize = 8;
 
 pub(crate) struct Inner {
     pub(crate) client: Client,
     pub(crate) config: EtcdConfig,
-    /// The current session lease ([`LeaseMode::Session`]); replaced when lost.
-    pub(crate) session: tokio::sync::Mutex<Option<Arc<Session>>>,
+    /// The current session leases ([`LeaseMode::Session`]), one per distinct lease TTL in
+    /// whole seconds ([`lease_secs`]); each replaced when lost.
+    pub(crate) sessions: tokio::sync::Mutex<HashMap<i64, Arc<Session>>>,
     /// In-process exclusion: one semaphore per waiter key (lock prefix + session lease), so
     /// two local tasks never share a waiter key (etcd would count them as one owner).
     local: Mutex<HashMap<Vec<u8>, Arc<Semaphore>>>,
@@ -32,29 +37,61 @@ impl Inner {
         Self {
             client,
             config,
-            session: tokio::sync::Mutex::new(None),
+            sessions: tokio::sync::Mutex::new(HashMap::new()),
             local: Mutex::new(HashMap::new()),
         }
     }
 
-    /// The current session lease, or a new one if there is none or it was lost.
-    pub(crate) async fn session(&self) -> Result<Arc<Session>, Error> {
-        let mut cur = self.session.lock().await;
-        if let Some(s) = cur.as_ref()
+    /// The session lease for locks of `ttl`: the live one of the same [lease TTL](lease_secs),
+    /// or a new one. Sessions nobody uses any more are revoked once more than
+    /// [`IDLE_SESSIONS`] TTLs are in use.
+    pub(crate) async fn session(&self, ttl: Duration) -> Result<Arc<Session>, Error> {
+        let secs = lease_secs(ttl);
+        let mut sessions = self.sessions.lock().await;
+        if let Some(s) = sessions.get(&secs)
             && !s.is_lost()
         {
             return Ok(Arc::clone(s));
         }
         let s = Session::grant(
             self.client.lease_client(),
-            self.config.session_ttl,
+            ttl,
             self.config.request_timeout,
             true,
         )
         .await
         .map_err(|e| e.into_core("granting the session lease"))?;
-        *cur = Some(Arc::clone(&s));
+        sessions.retain(|_, s| !s.is_lost());
+        if sessions.len() >= IDLE_SESSIONS {
+            // Only the map refers to it: no grant, no acquisition uses it (dropping revokes).
+            sessions.retain(|_, s| Arc::strong_count(s) > 1);
+        }
+        sessions.insert(secs, Arc::clone(&s));
         Ok(s)
+    }
+
+    /// The live session lease of locks of `ttl`, if there is one.
+    pub(crate) async fn live_session(&self, ttl: Duration) -> Option<Arc<Session>> {
+        let sessions = self.sessions.lock().await;
+        sessions
+            .get(&lease_secs(ttl))
+            .filter(|s| !s.is_lost())
+            .cloned()
+    }
+
+    /// The live session lease whose id is `id`, if there is one.
+    pub(crate) async fn session_by_id(&self, id: i64) -> Option<Arc<Session>> {
+        let sessions = self.sessions.lock().await;
+        sessions
+            .values()
+            .find(|s| s.id() == id && !s.is_lost())
+            .cloned()
+    }
+
+    /// Whether no session lease of ours lives any more.
+    pub(crate) async fn no_live_session(&self) -> bool {
+        let sessions = self.sessions.lock().await;
+        sessions.values().all(|s| s.is_lost())
     }
 
     fn local(&self) -> MutexGuard<'_, HashMap<Vec<u8>, Arc<Semaphore>>> {
@@ -180,10 +217,32 @@ pub(crate) fn first_kv(resp: &TxnResponse, op: usize) -> Option<KeyValue> {
 }
 
 pub(crate) fn revision(resp: &TxnResponse) -> Result<i64, Error> {
-    resp.header()
+    let rev = resp
+        .header()
         .map(|h| h.revision())
-        .filter(|r| *r > 0)
-        .ok_or_else(|| Error::new(ErrorKind::Backend, NAME, "etcd answered without a revision"))
+        .ok_or_else(|| Error::new(ErrorKind::Backend, NAME, "etcd answered without a revision"))?;
+    checked_revision(rev)
+}
+
+/// A revision etcd answered, checked: at least 1 and below `i64::MAX`, so that the
+/// revision before it and the one after it exist (a hostile or broken server gets an error,
+/// never an overflow or a token of 0).
+pub(crate) fn checked_revision(rev: i64) -> Result<i64, Error> {
+    if rev > 0 && rev < i64::MAX {
+        Ok(rev)
+    } else {
+        Err(Error::new(
+            ErrorKind::Backend,
+            NAME,
+            format!("etcd answered an impossible revision {rev}"),
+        ))
+    }
+}
+
+/// The fencing token of a key created at revision `rev` ([checked](checked_revision)).
+pub(crate) fn token(rev: i64) -> Result<FencingToken, Error> {
+    let rev = checked_revision(rev)?;
+    Ok(FencingToken::new(rev.unsigned_abs()))
 }
 
 /// Deletes our key after an acquisition that did not end in a grant (or a grant nobody
@@ -208,6 +267,21 @@ pub(crate) async fn finish(inner: &Inner, key: &[u8], owner: &str, session: &Ses
                     () = session.lost() => return,
                 }
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hostile_revisions_are_errors() {
+        assert_eq!(checked_revision(7).ok(), Some(7));
+        assert_eq!(token(7).ok(), Some(FencingToken::new(7)));
+        for bad in [0, -1, i64::MIN, i64::MAX] {
+            assert!(checked_revision(bad).is_err(), "{bad}");
+            assert!(token(bad).is_err(), "{bad}");
         }
     }
 }

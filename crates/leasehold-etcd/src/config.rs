@@ -74,8 +74,10 @@ pub struct EtcdConfig {
     pub prefix: String,
     /// How acquisitions are tied to leases (default [`LeaseMode::Session`]).
     pub lease_mode: LeaseMode,
-    /// TTL of the session lease (default 10 s; etcd rounds up to whole seconds and to its own
-    /// minimum). It bounds how long a lock outlives a crashed process.
+    /// TTL of the session lease granted on connecting, to check that leases can be granted
+    /// (default 10 s). Locks do not all use it: each lock goes on the session lease of its own
+    /// TTL (rounded up to whole seconds, at least 2 s), one shared lease per distinct TTL, so
+    /// a crashed holder's lock is free again within its TTL rounded up.
     pub session_ttl: Duration,
     /// Time limit of each request to etcd (default 5 s).
     pub request_timeout: Duration,
@@ -84,6 +86,10 @@ pub struct EtcdConfig {
     /// TLS settings; `None` for plain gRPC.
     #[cfg(feature = "tls")]
     pub tls: Option<TlsConfig>,
+    /// Whether a password may go to a non-loopback endpoint over plain gRPC (`http://`):
+    /// `true` (the default) warns, `false` (`allow_plaintext_password=false`) refuses to
+    /// connect. See [`leasehold_core::transport`].
+    pub allow_plaintext_password: bool,
 }
 
 impl fmt::Debug for EtcdConfig {
@@ -96,7 +102,8 @@ impl fmt::Debug for EtcdConfig {
             .field("lease_mode", &self.lease_mode)
             .field("session_ttl", &self.session_ttl)
             .field("request_timeout", &self.request_timeout)
-            .field("connect_timeout", &self.connect_timeout);
+            .field("connect_timeout", &self.connect_timeout)
+            .field("allow_plaintext_password", &self.allow_plaintext_password);
         #[cfg(feature = "tls")]
         d.field("tls", &self.tls);
         d.finish()
@@ -121,13 +128,16 @@ impl EtcdConfig {
             connect_timeout: Duration::from_secs(3),
             #[cfg(feature = "tls")]
             tls: None,
+            allow_plaintext_password: true,
         }
     }
 
     /// Parses `etcd://[user[:password]@]host:port[,host:port…][/][?option=value&…]`.
     ///
     /// Options: `prefix` (the key prefix, may be empty), `lease` (`session` or `per-lock`),
-    /// `session_ttl` (seconds), `timeout_ms` (request timeout), `connect_timeout_ms`. With the
+    /// `session_ttl` (seconds), `timeout_ms` (request timeout), `connect_timeout_ms`,
+    /// `allow_plaintext_password` (`false`: refuse to send the password to a non-loopback
+    /// endpoint without TLS; by default that only warns). With the
     /// `tls` feature, `etcds://` turns TLS on and takes `ca` (path of a PEM CA file,
     /// required), `domain`, and `cert` + `key` (paths of the client certificate and key, PEM)
     /// for servers that authenticate clients. User and password may be percent-encoded. Errors
@@ -140,9 +150,10 @@ impl EtcdConfig {
         let tls = match scheme {
             "etcd" => false,
             "etcds" => true,
-            other => {
+            // The text is not quoted: before `://` may be anything, a password included.
+            _ => {
                 return Err(invalid(format!(
-                    "unknown scheme {other:?}; expected one of {SCHEMES:?}"
+                    "not an etcd URL: the scheme must be one of {SCHEMES:?}"
                 )));
             }
         };
@@ -190,6 +201,10 @@ impl EtcdConfig {
                 "session_ttl" => cfg.session_ttl = Duration::from_secs(number(k, &v)?),
                 "timeout_ms" => cfg.request_timeout = Duration::from_millis(number(k, &v)?),
                 "connect_timeout_ms" => cfg.connect_timeout = Duration::from_millis(number(k, &v)?),
+                leasehold_core::transport::ALLOW_PLAINTEXT_PASSWORD => {
+                    cfg.allow_plaintext_password =
+                        leasehold_core::transport::parse_allow_plaintext(NAME, &v)?;
+                }
                 #[cfg(feature = "tls")]
                 "ca" if tls => tls_cfg.ca_pem = Some(read_pem("ca", &v)?),
                 #[cfg(feature = "tls")]
@@ -248,7 +263,23 @@ impl EtcdConfig {
         self
     }
 
-    /// Sets the session lease's TTL.
+    /// Whether a password may go to a non-loopback endpoint without TLS (default `true`, with
+    /// a warning); `false` refuses to connect.
+    pub fn with_plaintext_password(mut self, allow: bool) -> Self {
+        self.allow_plaintext_password = allow;
+        self
+    }
+
+    /// Whether the connection uses TLS.
+    pub fn is_tls(&self) -> bool {
+        #[cfg(feature = "tls")]
+        return self.tls.is_some();
+        #[cfg(not(feature = "tls"))]
+        return false;
+    }
+
+    /// Sets the TTL of the session lease granted on connecting (see
+    /// [`session_ttl`](Self::session_ttl)).
     pub fn with_session_ttl(mut self, ttl: Duration) -> Self {
         self.session_ttl = ttl;
         self
@@ -405,6 +436,19 @@ mod tests {
             "{dbg}"
         );
         assert!(dbg.contains(MASK), "{dbg}");
+    }
+
+    #[test]
+    fn a_foreign_scheme_is_not_quoted() {
+        // Found by the `url` fuzz target: the text before `://` was quoted whole.
+        let e = EtcdConfig::from_url("user:Hx7SECRETq@h://x")
+            .err()
+            .map(|e| format!("{e} {e:?}"))
+            .unwrap_or_default();
+        assert!(
+            e.contains("not an etcd URL") && !e.contains("SECRET"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -8,14 +8,130 @@ use etcd_client::{
     Compare, CompareOp, EventType, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn,
     TxnOp, TxnResponse, WatchFilterType, WatchOptions,
 };
-use leasehold_core::{Error, ErrorKind, FencingToken, Grant, LeaseMonitor, LockRequest, Validity};
+use leasehold_core::{
+    Error, ErrorKind, FencingToken, Grant, HolderInfo, LeaseMonitor, LockRequest, Owner, Validity,
+};
+
+use crate::error::with_timeout;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use crate::NAME;
-use crate::client::{Inner, LocalSlot, finish, first_created, first_kv, revision, waiter_key};
+use crate::client::{
+    Inner, LocalSlot, checked_revision, finish, first_created, first_kv, revision, token,
+    waiter_key,
+};
 use crate::config::LeaseMode;
 use crate::session::Session;
+
+/// The queued recipe under `prefix`, writing `req.owner` as our key's value: locks, and (with
+/// the candidate value as owner) election campaigns. In session mode, an in-process slot per
+/// waiter key keeps two local tasks from sharing a key.
+pub(crate) async fn lock_under(
+    inner: &Arc<Inner>,
+    prefix: Vec<u8>,
+    req: LockRequest<'_>,
+    mode: Mode,
+) -> Result<Option<Grant>, Error> {
+    let (session, slot) = match inner.config.lease_mode {
+        LeaseMode::PerLock => (None, None),
+        LeaseMode::Session => loop {
+            let session = inner.session(req.ttl).await?;
+            let key = waiter_key(&prefix, session.id());
+            let slot = LocalSlot::new(inner, key);
+            match mode {
+                Mode::Try => match Arc::clone(&slot.sem).try_acquire_owned() {
+                    Ok(p) => break (Some(session), Some(slot.with(p))),
+                    Err(_) => return Ok(None),
+                },
+                Mode::Wait(deadline) => tokio::select! {
+                    p = Arc::clone(&slot.sem).acquire_owned() => match p {
+                        Ok(p) => break (Some(session), Some(slot.with(p))),
+                        Err(_) => return Err(Error::new(ErrorKind::Backend, NAME,
+                            "in-process lock table closed")),
+                    },
+                    // The local holder's session is gone: a new session means a new key.
+                    () = session.lost() => continue,
+                    () = tokio::time::sleep_until(deadline) => return Ok(None),
+                },
+            }
+        },
+    };
+    let (tx, rx) = oneshot::channel();
+    let job = Job::new(inner, prefix, &req, mode, session, slot);
+    // The etcd part runs in its own task, so a request that was sent always has its outcome
+    // seen: if our caller is gone by then, the task deletes what it created.
+    tokio::spawn(job.run(tx));
+    rx.await.unwrap_or_else(|_| {
+        Err(Error::new(
+            ErrorKind::Backend,
+            NAME,
+            "the acquisition task ended without an answer",
+        ))
+    })
+}
+
+/// Whether our `key` (value `owner`) is still there on `session`'s lease: its validity if so.
+pub(crate) async fn confirm(
+    inner: &Inner,
+    key: Vec<u8>,
+    owner: &str,
+    session: Option<Arc<Session>>,
+    ttl: Duration,
+) -> Result<Option<Validity>, Error> {
+    let Some(session) = session.filter(|s| !s.is_lost()) else {
+        return Ok(None);
+    };
+    // Confirm with etcd that our key is still there, on our lease.
+    let validity = session.validity(ttl);
+    let resp = inner
+        .get("extend", key, None)
+        .await
+        .map_err(|e| e.into_core("extend"))?;
+    let held = resp
+        .kvs()
+        .first()
+        .is_some_and(|kv| kv.value() == owner.as_bytes() && kv.lease() == session.id());
+    Ok(held.then_some(validity))
+}
+
+/// What etcd says of the oldest key under `prefix`: the holder.
+pub(crate) async fn first_holder(
+    inner: &Inner,
+    prefix: String,
+) -> Result<Option<HolderInfo>, Error> {
+    let resp = inner
+        .get("inspect", prefix.into_bytes(), Some(first_created()))
+        .await
+        .map_err(|e| e.into_core("inspect"))?;
+    let Some(holder) = resp.kvs().first() else {
+        return Ok(None);
+    };
+    let mut info = HolderInfo::unknown()
+        .with_fencing(token(holder.create_revision())?)
+        .with_detail(format!(
+            "etcd key {:?} on lease {:x}",
+            String::from_utf8_lossy(holder.key()),
+            holder.lease()
+        ));
+    if !holder.value().is_empty() {
+        info = info.with_owner(Owner::from_raw(String::from_utf8_lossy(holder.value())));
+    }
+    if holder.lease() != 0 {
+        let lease = inner.client.lease_client();
+        let id = holder.lease();
+        if let Ok(ttl) = with_timeout(inner.config.request_timeout, "lease ttl", || {
+            let mut lease = lease.clone();
+            async move { lease.time_to_live(id, None).await }
+        })
+        .await
+            && let Ok(remaining) = crate::session::granted_ttl(ttl.ttl())
+        {
+            info = info.with_remaining(remaining);
+        }
+    }
+    Ok(Some(info))
+}
 
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Mode {
@@ -87,7 +203,7 @@ impl Job {
                     slot: Mutex::new(self.slot.take()),
                     done: AtomicBool::new(false),
                 };
-                let fencing = FencingToken::new(u64::try_from(rev).unwrap_or(0));
+                let fencing = FencingToken::new(rev.unsigned_abs());
                 let grant = Grant::new(validity).with_fencing(fencing).with_state(state);
                 // If our caller is gone, dropping the grant releases it (EtcdGrant's Drop).
                 drop(tx.send(Ok(Some(grant))));
@@ -188,7 +304,7 @@ impl Job {
         match first_kv(&resp, 0) {
             // Our own key already: an earlier send of this very request landed.
             Some(kv) if kv.value() == self.owner.as_bytes() => {
-                return Ok(Some(kv.create_revision()));
+                return checked_revision(kv.create_revision()).map(Some);
             }
             Some(stale) => self.drop_stale(&stale).await,
             None => {}
@@ -220,7 +336,7 @@ impl Job {
         match first_kv(&resp, 0) {
             // Our own key already: queued (or holding) since its create revision.
             Some(kv) if kv.value() == self.owner.as_bytes() => {
-                Ok(Some((kv.create_revision(), false)))
+                Ok(Some((checked_revision(kv.create_revision())?, false)))
             }
             stale => {
                 self.created = false;
@@ -256,7 +372,7 @@ impl Job {
                     Some(
                         GetOptions::new()
                             .with_prefix()
-                            .with_max_create_revision(my_rev - 1)
+                            .with_max_create_revision(my_rev.saturating_sub(1))
                             .with_sort(SortTarget::Create, SortOrder::Descend)
                             .with_limit(1),
                     ),
@@ -279,7 +395,7 @@ impl Job {
             let Some(pred) = first_kv(&resp, 0) else {
                 return Ok(Some(my_rev));
             };
-            let from = resp.header().map_or(0, |h| h.revision()) + 1;
+            let from = checked_revision(resp.header().map_or(0, |h| h.revision()))? + 1;
             tokio::select! {
                 r = self.deleted(pred.key().to_vec(), from) => {
                     if let Err(e) = r {
@@ -348,6 +464,25 @@ pub(crate) struct EtcdGrant {
 }
 
 impl EtcdGrant {
+    /// Deletes our key if it is still ours: `Ok(true)` if it was.
+    pub(crate) async fn release(&self) -> Result<bool, Error> {
+        if self.done.load(Ordering::Acquire) {
+            return Ok(false);
+        }
+        match self.inner.delete_if_owner(&self.key, &self.owner).await {
+            Ok(ours) => {
+                self.finish();
+                Ok(ours)
+            }
+            // Our key lives on the session lease: once that is gone, so is the key.
+            Err(_) if self.session.is_lost() => {
+                self.finish();
+                Ok(false)
+            }
+            Err(e) => Err(e.into_core("release")),
+        }
+    }
+
     /// Our key is deleted (or gone with its lease): ends a per-lock lease and frees the
     /// in-process permit, once.
     pub(crate) fn finish(&self) {

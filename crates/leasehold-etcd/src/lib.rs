@@ -28,7 +28,10 @@
 //!   grant of every key ([`FencingKind::Monotonic`]). Queued waiters are granted in create
 //!   revision order, so tokens also increase in grant order.
 //! - **Never without a lease.** Every key is written with a lease: a lock can't outlive its
-//!   process by more than the lease's TTL. (A key written without one lives forever, and one
+//!   process by more than the lease's TTL, and that TTL is the lock's own, rounded up to whole
+//!   seconds and at least 2 s (etcd grants whole seconds, and raises shorter leases to its own
+//!   minimum): after a SIGKILL, a lock of `--ttl 3s` is free again within about 3 s
+//!   ([`CrashRelease::TtlRoundedUp`](leasehold_core::CrashRelease::TtlRoundedUp)). (A key written without one lives forever, and one
 //!   on etcd's default lease disappears after 60 s: both are bugs we don't have.)
 //! - **Told when lost.** Leases are kept alive in the background (a third of the shortest
 //!   validity promised, over one keep-alive stream per lease, reopened on another member if it
@@ -50,8 +53,8 @@
 //!   resource makes a late write harmless.
 //! - Without quorum nobody can acquire, renew or release; leases then run out on the
 //!   survivors' clocks and holders are told they lost them. Locks come back with quorum.
-//! - In [`LeaseMode::Session`] (the default) a crashed process's locks last until its session
-//!   lease expires (`session_ttl`, 10 s by default), whatever TTL the request asked for; the
+//! - A crashed process's locks last until their session lease expires: the lock's TTL rounded
+//!   up to whole seconds, at least 2 s (a 300 ms TTL keeps a crashed holder's lock for 2 s); the
 //!   validity we *report* is never longer than the request's TTL.
 //! - In-process waiters on a lock held by a task of the same backend queue locally (FIFO) and
 //!   join etcd's queue only when the local holder is done, so a remote client that queues in
@@ -85,8 +88,12 @@
 //!
 //! # Sessions and in-process exclusion
 //!
-//! In [`LeaseMode::Session`] one lease serves every acquisition of a backend instance (and its
-//! clones): one write per lock, one keep-alive stream. etcd counts keys on the same lease as the
+//! In [`LeaseMode::Session`] one lease per distinct TTL (in whole seconds, at least 2 s)
+//! serves every acquisition of that TTL of a backend instance (and its clones): one write per
+//! lock, one keep-alive stream per TTL in use. A lease per lock would cost a grant and a revoke
+//! more per lock; a single lease for all TTLs would keep a crashed holder's short locks as long
+//! as the longest. Up to 8 TTLs keep their lease; beyond that, a lease no grant uses any more
+//! is revoked when another TTL needs one. etcd counts keys on the same lease as the
 //! same owner (`etcdctl lock` would re-enter), so the backend adds in-process exclusion: one
 //! local permit per waiter key, taken before touching etcd and given back only after our key is
 //! deleted. In [`LeaseMode::PerLock`] every acquisition has a lease of its own (its TTL is the
@@ -123,6 +130,11 @@
 //! see [`EtcdConfig::from_url`]. `etcds://` uses TLS through rustls and needs the crate
 //! feature `tls`. Passwords never appear in `Debug` output or error messages.
 //!
+//! A `user:password` sent to an endpoint that is not loopback over plain gRPC (`etcd://`)
+//! crosses the network in clear: connecting logs a `warn!` (target `leasehold.plaintext`), or
+//! fails with `allow_plaintext_password=false` (see [`leasehold_core::transport`]). Use
+//! `etcds://`.
+//!
 //! [`SafetyClass::Correctness`]: leasehold_core::SafetyClass::Correctness
 //! [`FencingKind::Monotonic`]: leasehold_core::FencingKind::Monotonic
 //! [`RenewalKind::Session`]: leasehold_core::RenewalKind::Session
@@ -131,6 +143,7 @@
 mod backend;
 mod client;
 mod config;
+mod election;
 mod error;
 mod job;
 mod names;
@@ -161,4 +174,32 @@ const OPENS: &[&str] = &["etcd"];
 fn open(target: &Target<'_>) -> Result<Opening, Error> {
     let config = target.prefixed(EtcdConfig::from_url(target.url)?, |c, p| c.with_prefix(p))?;
     Ok(connecting(EtcdBackend::connect(config)))
+}
+
+#[doc(hidden)]
+pub mod fuzzing {
+    //! Internal entry points for the fuzz targets in `fuzz/`; not part of the API.
+
+    use leasehold_core::LockKey;
+
+    /// The etcd key prefix of `key`'s lock under `prefix`, as
+    /// [`EtcdBackend::lock_prefix`](crate::EtcdBackend::lock_prefix) names it.
+    pub fn lock_prefix(prefix: &str, key: &LockKey) -> String {
+        crate::lock_prefix(prefix, key)
+    }
+
+    /// The key a waiter with session lease `lease` writes under a lock's prefix.
+    pub fn waiter_key(lock_prefix: &str, lease: i64) -> Vec<u8> {
+        crate::client::waiter_key(lock_prefix.as_bytes(), lease)
+    }
+
+    /// A lease TTL (seconds) as a server granted it, if the driver accepts it.
+    pub fn lease_ttl(ttl: i64) -> Option<std::time::Duration> {
+        crate::session::granted_ttl(ttl).ok()
+    }
+
+    /// The fencing token of a key created at revision `rev`, if the driver accepts it.
+    pub fn token(rev: i64) -> Option<u64> {
+        crate::client::token(rev).ok().map(|t| t.get())
+    }
 }

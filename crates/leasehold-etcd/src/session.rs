@@ -10,6 +10,35 @@ use tokio::time::Instant;
 
 use crate::error::{EtcdError, with_timeout};
 
+/// The shortest lease leasehold asks etcd for: etcd grants whole seconds, and with its
+/// default election timeout (1 s) it raises shorter leases to its own minimum (≈ 1.5 s) anyway.
+pub(crate) const MIN_LEASE_TTL: Duration = Duration::from_secs(2);
+
+/// The longest lease TTL accepted from a server: one that answers more than a day is lying
+/// (it would keep a crashed holder's locks that long) and is refused as a protocol error.
+const MAX_GRANTED_TTL: Duration = leasehold_core::DEFAULT_MAX_TTL;
+
+/// The lease TTL, in whole seconds, for locks of `ttl`: rounded up, at least
+/// [`MIN_LEASE_TTL`], so a crashed holder's lock is free within that.
+pub(crate) fn lease_secs(ttl: Duration) -> i64 {
+    let secs = ttl
+        .as_secs()
+        .saturating_add(u64::from(ttl.subsec_nanos() > 0))
+        .max(MIN_LEASE_TTL.as_secs());
+    i64::try_from(secs.min(MAX_GRANTED_TTL.as_secs())).unwrap_or(i64::MAX)
+}
+
+/// The TTL a lease grant or keep-alive answered, checked: positive and at most a day (a
+/// hostile or broken server must not make leasehold overflow a deadline or keep a lock for
+/// ever).
+pub(crate) fn granted_ttl(ttl: i64) -> Result<Duration, EtcdError> {
+    u64::try_from(ttl)
+        .ok()
+        .filter(|s| *s > 0 && *s <= MAX_GRANTED_TTL.as_secs())
+        .map(Duration::from_secs)
+        .ok_or_else(|| EtcdError::Protocol(format!("etcd answered a lease TTL of {ttl} s")))
+}
+
 /// One etcd lease, kept alive by a background task over one keep-alive stream (reopened on
 /// another member when the stream fails), until it is dropped, closed, or lost.
 pub(crate) struct Session {
@@ -47,30 +76,28 @@ impl std::fmt::Debug for Session {
 }
 
 impl Session {
-    /// Grants a lease of `ttl` (rounded up to whole seconds) and starts keeping it alive.
+    /// Grants a lease of `ttl` ([rounded up](lease_secs) to whole seconds, at least
+    /// [`MIN_LEASE_TTL`]) and starts keeping it alive.
     pub(crate) async fn grant(
         lease: LeaseClient,
         ttl: Duration,
         timeout: Duration,
         revoke_on_drop: bool,
     ) -> Result<Arc<Self>, EtcdError> {
-        let secs = i64::try_from(ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0))
-            .unwrap_or(i64::MAX)
-            .max(1);
+        let secs = lease_secs(ttl);
         let sent = Instant::now();
         let resp = with_timeout(timeout, "lease grant", || {
             let mut lease = lease.clone();
             async move { lease.grant(secs, None).await }
         })
         .await?;
-        if !resp.error().is_empty() || resp.ttl() <= 0 {
+        if !resp.error().is_empty() {
             return Err(EtcdError::Protocol(format!(
-                "lease grant refused: ttl {} {}",
-                resp.ttl(),
+                "lease grant refused: {}",
                 resp.error()
             )));
         }
-        let granted = Duration::from_secs(u64::try_from(resp.ttl()).unwrap_or(1));
+        let granted = granted_ttl(resp.ttl())?;
         let (lost, _) = watch::channel(None);
         let session = Arc::new(Self {
             id: resp.id(),
@@ -298,14 +325,15 @@ async fn keep_alive(
                     // fails with "lease not found" if the lease is gone.
                     let (keeper, st) = lease.keep_alive(id).await?;
                     stream = Some((keeper, st));
-                    Ok(i64::try_from(s.ttl.as_secs()).unwrap_or(i64::MAX))
+                    Ok(i64::try_from(s.ttl.as_secs()).unwrap_or(1))
                 }
             }
         })
         .await;
         match outcome {
             Ok(Ok(ttl)) if ttl > 0 => {
-                s.acked(sent, Duration::from_secs(u64::try_from(ttl).unwrap_or(0)));
+                // More than the lease was granted with is not believed (`acked` caps it).
+                s.acked(sent, granted_ttl(ttl).unwrap_or(s.ttl));
                 planned = sent;
                 next = sent + s.interval();
             }
@@ -348,5 +376,28 @@ fn is_lease_gone(e: &etcd_client::Error) -> bool {
         etcd_client::Error::LeaseKeepAliveError(m) => m.contains("not found"),
         etcd_client::Error::GRpcStatus(s) => s.message().contains("lease not found"),
         _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lease_ttls_round_up_to_whole_seconds_of_at_least_two() {
+        let ms = Duration::from_millis;
+        assert_eq!(lease_secs(ms(1)), 2);
+        assert_eq!(lease_secs(ms(2_000)), 2);
+        assert_eq!(lease_secs(ms(3_000)), 3);
+        assert_eq!(lease_secs(ms(3_001)), 4);
+        assert_eq!(lease_secs(Duration::MAX), 86_400);
+    }
+
+    #[test]
+    fn hostile_lease_ttls_are_errors_not_panics() {
+        assert_eq!(granted_ttl(5).ok(), Some(Duration::from_secs(5)));
+        for bad in [0, -1, i64::MIN, i64::MAX, 86_401] {
+            assert!(granted_ttl(bad).is_err(), "{bad}");
+        }
     }
 }

@@ -125,14 +125,20 @@ pub(crate) fn open_rw(path: &Path, sharing: Sharing) -> io::Result<File> {
         Sharing::Shared => 0o660,
     };
     let flags = libc::O_NOFOLLOW | libc::O_NONBLOCK;
-    let file = loop {
+    loop {
         match OpenOptions::new()
             .read(true)
             .write(true)
             .custom_flags(flags)
             .open(path)
         {
-            Ok(f) => break f,
+            Ok(f) => {
+                if verify(&f, sharing)? {
+                    return Ok(f);
+                }
+                // Unlinked since we opened it (a prune): open the path again.
+                continue;
+            }
             Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(explain(e)),
             Err(_) => {}
         }
@@ -149,15 +155,15 @@ pub(crate) fn open_rw(path: &Path, sharing: Sharing) -> io::Result<File> {
                     // The umask may have taken the group's write bit: the group needs it.
                     f.set_permissions(Permissions::from_mode(mode))?;
                 }
-                break f;
+                if verify(&f, sharing)? {
+                    return Ok(f);
+                }
             }
             // Created by someone else meanwhile: open theirs.
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
             Err(e) => return Err(e),
         }
-    };
-    verify(&file, sharing)?;
-    Ok(file)
+    }
 }
 
 /// Opens a lock file to read it (for `inspect`), with the same checks as [`open_rw`] but
@@ -168,21 +174,23 @@ pub(crate) fn open_read(path: &Path, sharing: Sharing) -> io::Result<Option<File
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
         .open(path)
     {
-        Ok(f) => {
-            verify(&f, sharing)?;
-            Ok(Some(f))
-        }
+        // Unlinked since we opened it (a prune): as good as missing.
+        Ok(f) => Ok(verify(&f, sharing)?.then_some(f)),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(explain(e)),
     }
 }
 
-/// `fstat` checks: a regular file, one link, ours (in a private folder).
-fn verify(file: &File, sharing: Sharing) -> io::Result<()> {
+/// `fstat` checks: a regular file, one link, ours (in a private folder). `Ok(false)` for a file
+/// with no link left: unlinked (by a prune) since it was opened.
+fn verify(file: &File, sharing: Sharing) -> io::Result<bool> {
     let meta = file.metadata()?;
     let refuse = |why: String| Err(io::Error::new(io::ErrorKind::PermissionDenied, why));
     if !meta.is_file() {
         return refuse("not a regular file: refused".into());
+    }
+    if meta.nlink() == 0 {
+        return Ok(false);
     }
     if meta.nlink() != 1 {
         return refuse(format!(
@@ -197,7 +205,7 @@ fn verify(file: &File, sharing: Sharing) -> io::Result<()> {
             euid()
         ));
     }
-    Ok(())
+    Ok(true)
 }
 
 /// A clearer message for a refused symbolic link (`ELOOP` from `O_NOFOLLOW`).

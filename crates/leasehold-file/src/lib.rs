@@ -17,8 +17,8 @@
 //!   restarts and crashes, and is never reset by the backend.
 //! - While a lease is held, a check runs every `check_interval` (default 1 s): if the lock file
 //!   was deleted or replaced, the lease's lost signal fires.
-//! - Lock files are never deleted (deleting one while others wait on it is how two holders
-//!   happen).
+//! - The backend never deletes a file by itself; [`FileBackend::prune`] deletes lock files
+//!   nobody holds, when asked (see [below](#what-keys-leave-behind)).
 //!
 //! # Key mapping
 //!
@@ -74,6 +74,18 @@
 //! can hold a lock forever, delete a lock file (two holders can follow) or rewrite a fence
 //! counter (tokens go backwards). Share a folder only with users you would let hold your locks.
 //!
+//! # What keys leave behind
+//!
+//! Every key ever locked leaves its two small files: keys must come from a **bounded set**
+//! (job names, not request ids), or the folder grows without end (`leasehold-bench perf`
+//! measures the files and bytes of one key). [`FileBackend::prune`] (or
+//! [`prune_key`](FileBackend::prune_key)) deletes the `.lock` files nobody holds: it locks each
+//! (`LOCK_EX|LOCK_NB`, skipping held ones), checks that the path still names the file it locked,
+//! and unlinks it while holding the lock; an acquirer that opened the old file makes the same
+//! check after locking and opens the path again, so no two holders follow. `.fence` files are
+//! **kept**: deleting one restarts the key's tokens at 1. Do not prune a folder in which
+//! `flock(1)` or another tool that skips that check takes locks.
+//!
 //! # What it does not guarantee
 //!
 //! - Mutual exclusion holds on **one host** only ([`SafetyClass::Host`]); on a network file
@@ -99,8 +111,10 @@
 
 #![cfg(unix)]
 
+mod election;
 mod folder;
 mod permits;
+mod prune;
 
 pub use permits::FilePermits;
 
@@ -125,6 +139,7 @@ use sha2::{Digest, Sha256};
 use tokio::time::Instant;
 
 use folder::Sharing;
+pub use prune::Pruned;
 
 /// The backend's name.
 pub const NAME: &str = "file";
@@ -358,6 +373,28 @@ impl FileBackend {
             .join(format!("{}.fence", file_name(key)))
     }
 
+    /// Deletes the lock files in the folder that nobody holds, keeping every fence file (see
+    /// "What keys leave behind" in the [crate docs](crate)). Safe while leasehold processes
+    /// lock in the folder; not while `flock(1)` or another tool that does not check the path
+    /// after locking does.
+    pub async fn prune(&self) -> Result<Pruned, Error> {
+        let (dir, sharing) = (self.inner.config.dir.clone(), self.inner.config.sharing);
+        blocking(move || {
+            prune::prune_dir(&dir, sharing).map_err(|e| io_error("cannot prune", &dir, &e))
+        })
+        .await
+    }
+
+    /// [`prune`](Self::prune) for one key: `true` if its lock file was deleted, `false` if it
+    /// is held (or was not there).
+    pub async fn prune_key(&self, key: &LockKey) -> Result<bool, Error> {
+        let (lock, sharing) = (self.lock_path(key), self.inner.config.sharing);
+        blocking(move || {
+            prune::prune_one(&lock, sharing).map_err(|e| io_error("cannot prune", &lock, &e))
+        })
+        .await
+    }
+
     /// How many grants of this backend are held right now, counting acquisitions still taking
     /// their file lock (an abandoned one lets go as soon as its blocking call returns).
     pub fn held_count(&self) -> usize {
@@ -411,6 +448,15 @@ impl FileBackend {
     }
 }
 
+/// Runs blocking file work on Tokio's blocking pool.
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, Error> + Send + 'static,
+) -> Result<T, Error> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| Error::new(ErrorKind::Backend, NAME, format!("file task failed: {e}")))?
+}
+
 /// The bytes a file name keeps as they are: `[A-Za-z0-9._-]` (`~` is escaped: it separates
 /// a long name's hash).
 const NAME_KEEPS: &AsciiSet = &NON_ALPHANUMERIC.remove(b'.').remove(b'_').remove(b'-');
@@ -429,6 +475,16 @@ fn file_name(key: &LockKey) -> String {
         name = format!("{head}~{hex}");
     }
     name
+}
+
+#[doc(hidden)]
+pub mod fuzzing {
+    //! Internal entry points for the fuzz targets in `fuzz/`; not part of the API.
+
+    /// The file name of `key`, without extension (see "Key mapping" in the crate docs).
+    pub fn file_name(key: &leasehold_core::LockKey) -> String {
+        super::file_name(key)
+    }
 }
 
 /// Opens and locks `lock`; `None` if another holder has it. Retries when the file locked is no
@@ -490,25 +546,36 @@ fn write_owner(file: &mut File, owner: &Owner) -> io::Result<()> {
 
 #[async_trait]
 impl LockBackend for FileBackend {
+    /// A view over a backend of the `elections` subfolder (see the `election` module).
+    fn election(self: Arc<Self>, candidate: Candidate) -> Result<Arc<dyn ElectionBackend>, Error> {
+        let mut config = self.inner.config.clone();
+        config.dir = config.dir.join(election::SUBFOLDER);
+        let sharing = config.sharing;
+        let locks = FileBackend::new(config)?;
+        let paths = locks.clone();
+        let side: election::SidePath =
+            Arc::new(move |k: &LockKey| paths.lock_path(k).with_extension("leader"));
+        Ok(Arc::new(leasehold_core::LockElection::new(
+            Arc::new(locks),
+            Arc::new(election::FileLeaders::new(side, sharing)),
+            candidate,
+            election::POLL,
+        )))
+    }
+
     fn capabilities(&self) -> Capabilities {
         Capabilities::new(NAME, SafetyClass::Host, FencingKind::Monotonic)
+            .with_elections()
             .with_wait(WaitKind::Poll)
             .with_renewal(RenewalKind::Session)
             .with_ttl_range(self.inner.config.check_interval * 2, DEFAULT_MAX_TTL)
             .with_semaphores()
+            .with_crash_release(leasehold_core::CrashRelease::ProcessExit)
     }
 
     /// A [`FilePermits`] view over this backend's folder.
     fn semaphore(self: Arc<Self>, limit: PermitLimit) -> Result<Arc<dyn PermitBackend>, Error> {
         Ok(Arc::new(FilePermits::new((*self).clone(), limit)))
-    }
-
-    fn election(self: Arc<Self>, _candidate: Candidate) -> Result<Arc<dyn ElectionBackend>, Error> {
-        Err(Error::unsupported_primitive(
-            NAME,
-            "elections",
-            "not built yet",
-        ))
     }
 
     async fn try_lock(&self, req: LockRequest<'_>) -> Result<Option<Grant>, Error> {
@@ -575,7 +642,7 @@ impl LockBackend for FileBackend {
     async fn extend_many(
         &self,
         reqs: &[leasehold_core::ExtendRequest<'_>],
-    ) -> Vec<Result<Option<leasehold_core::Validity>, leasehold_core::Error>> {
+    ) -> Vec<leasehold_core::Extended> {
         leasehold_core::extend_each(self, reqs).await
     }
 
@@ -620,46 +687,5 @@ impl LockBackend for FileBackend {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn file_names_are_safe_stable_and_bounded() {
-        let k = |s: &str| LockKey::new(s).unwrap();
-        assert_eq!(file_name(&k("nightly")), "nightly");
-        assert_eq!(file_name(&k("jobs/nightly run")), "jobs%2Fnightly%20run");
-        assert_eq!(file_name(&k("..")), "%2E.");
-        let long = file_name(&k(&"x".repeat(500)));
-        assert!(long.len() < 200 && long.contains('~'), "{long}");
-        assert_ne!(long, file_name(&k(&"x".repeat(499))));
-    }
-
-    #[test]
-    fn urls() {
-        assert_eq!(
-            FileConfig::from_url("file:///var/lock/app").unwrap().dir(),
-            Path::new("/var/lock/app")
-        );
-        assert_eq!(
-            FileConfig::from_url("file://").unwrap(),
-            FileConfig::default()
-        );
-        assert_eq!(
-            FileConfig::from_url("file://relative").unwrap_err().kind(),
-            ErrorKind::InvalidConfig
-        );
-        let c = FileConfig::from_url("file:///l?check_interval_ms=250&shared=true").unwrap();
-        assert_eq!(c.check_interval, Duration::from_millis(250));
-        assert!(c.is_shared());
-        for bad in [
-            "file:///l?check_interval_ms=soon",
-            "file:///l?check_interval=1",
-        ] {
-            assert_eq!(
-                FileConfig::from_url(bad).unwrap_err().kind(),
-                ErrorKind::InvalidConfig,
-                "{bad}"
-            );
-        }
-    }
-}
+#[path = "lib_tests.rs"]
+mod tests;

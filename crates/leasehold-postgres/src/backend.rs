@@ -1,4 +1,5 @@
-//! The backend: acquisitions on the pooled sessions, their grants and the trait.
+//! The backend: acquisitions on the pooled sessions and their grants (its `LockBackend`
+//! implementation is in `lock_impl`).
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -6,7 +7,8 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use leasehold_core::{
-    Backoff, Error, ErrorKind, FencingToken, Grant, LeaseMonitor, LockKey, Validity,
+    Backoff, Error, ErrorKind, FencingToken, Grant, LeaseMonitor, LockKey, LockRequest, Validity,
+    Waited,
 };
 use tokio::time::Instant;
 
@@ -15,7 +17,7 @@ use crate::config::PostgresConfig;
 use crate::error::{is_lock_timeout, pg_error};
 use crate::gate::{Gate, Gates};
 use crate::grant::{GrantInner, OnSession, PgGrant, Unlocking};
-use crate::key::{LockId, advisory_key, explicit_key};
+use crate::key::{AdvisoryId, advisory_key, explicit_key};
 use crate::pool::{Lent, Pool};
 use crate::session::Canceller;
 use crate::watch::{CONNECTION_ENDED, Watched};
@@ -27,7 +29,7 @@ const WAIT_GRACE: Duration = Duration::from_secs(5);
 const ID_CACHE: usize = 1024;
 /// The pauses of a waiting acquisition that polls (no session was free for a wait in the
 /// server): jittered, up to 4, 8, … 50 ms.
-pub(crate) const POLL: Backoff = Backoff {
+const POLL: Backoff = Backoff {
     initial: Duration::from_millis(4),
     max: Duration::from_millis(50),
 };
@@ -96,31 +98,23 @@ impl PostgresBackend {
         &self.shared.pool.cfg
     }
 
-    /// The advisory-lock key (`bigint`) this backend uses for `key`: the number itself for
-    /// keys of the form `advisory:<i64>`, else [`advisory_key`](crate::advisory_key)`(prefix + key)`.
+    /// The advisory-lock key (`bigint`) this backend uses for `key`:
+    /// [`advisory_key`](crate::advisory_key)`(prefix + key)`, or, only where the configuration
+    /// opts in (`advisory_keys=true`), the number itself for keys of the form `advisory:<i64>`.
     pub fn lock_id(&self, key: &LockKey) -> i64 {
         // The derivation is two HMAC-SHA256s (some 28k instructions, more than the rest of a
         // lock cycle on the client): remember the ids of recently used keys.
         if let Some(id) = self.shared.ids().get(key) {
             return *id;
         }
-        let prefix = &self.shared.pool.cfg.prefix;
-        let id = match explicit_key(key) {
-            Some(id) => id,
-            None if prefix.is_empty() => advisory_key(key.as_str()),
-            None => advisory_key(&format!("{prefix}{}", key.as_str())),
-        };
+        let cfg = &self.shared.pool.cfg;
+        let id = derive_id(&cfg.prefix, cfg.advisory_keys, key);
         let mut ids = self.shared.ids();
         if ids.len() >= ID_CACHE {
             ids.clear();
         }
         ids.insert(key.clone(), id);
         id
-    }
-
-    /// The shared session pool and the in-process gates, for the permit view.
-    pub(crate) fn parts(&self) -> (&Arc<Pool>, &Arc<Gates>) {
-        (&self.shared.pool, &self.shared.gates)
     }
 
     /// How many sessions this backend has opened so far (for measurements and tests).
@@ -143,9 +137,9 @@ impl PostgresBackend {
     /// pooled session it serves as the instant the statement left, which it precedes by
     /// microseconds (a validity counted from earlier is only more cautious). After a fresh
     /// connect, the clock is read again.
-    pub(crate) async fn one_try(
+    async fn one_try(
         &self,
-        id: LockId,
+        id: AdvisoryId,
         gate: Gate,
         asked: Instant,
         until: Option<Instant>,
@@ -195,10 +189,10 @@ impl PostgresBackend {
 
     /// Builds the grant for a lock on `on`'s session and puts it under that session's health
     /// check.
-    pub(crate) fn grant(
+    fn grant(
         &self,
         monitor: &LeaseMonitor,
-        id: LockId,
+        id: AdvisoryId,
         on: OnSession,
         gate: Option<Gate>,
         token: FencingToken,
@@ -238,10 +232,10 @@ impl PostgresBackend {
 
     /// Waits in the server's queue (`pg_advisory_lock` under `lock_timeout`) on a session lent
     /// whole. `None`: the wait timed out, the lock is not ours.
-    pub(crate) async fn server_wait(
+    async fn server_wait(
         &self,
         lent: Lent,
-        id: i64,
+        id: AdvisoryId,
         deadline: Instant,
     ) -> Result<Option<(OnSession, FencingToken, Instant)>, Error> {
         let remaining = deadline.saturating_duration_since(Instant::now());
@@ -298,15 +292,90 @@ impl PostgresBackend {
             )),
         }
     }
+
+    /// `try_lock` on advisory key `id` (either key space).
+    pub(crate) async fn try_at(
+        &self,
+        id: AdvisoryId,
+        req: LockRequest<'_>,
+    ) -> Result<Option<Grant>, Error> {
+        let Some(gate) = self.shared.gates.try_enter(id) else {
+            return Ok(None);
+        };
+        match self.one_try(id, gate, req.started, None).await? {
+            TryOutcome::Granted(on, g, token, sent) => {
+                Ok(Some(self.grant(req.monitor, id, on, g, token, sent)))
+            }
+            TryOutcome::Busy(_) => Ok(None),
+        }
+    }
+
+    /// `wait_lock` on advisory key `id` (either key space).
+    pub(crate) async fn wait_at(
+        &self,
+        id: AdvisoryId,
+        req: LockRequest<'_>,
+        deadline: Instant,
+    ) -> Result<Waited, Error> {
+        let Some(gate) = self.shared.gates.enter_until(id, deadline).await else {
+            return Ok(Waited::new(None, 1));
+        };
+        let mut gate = Some(gate);
+        let mut attempts = 0;
+        loop {
+            // A try first: one round trip when the lock is free.
+            let Some(g) = gate.take() else {
+                return Err(internal("gate vanished"));
+            };
+            attempts += 1;
+            match self.one_try(id, g, req.started, Some(deadline)).await? {
+                TryOutcome::Granted(on, g, token, sent) => {
+                    let grant = self.grant(req.monitor, id, on, g, token, sent);
+                    return Ok(Waited::new(Some(grant), attempts));
+                }
+                TryOutcome::Busy(g) => gate = g,
+            }
+            if Instant::now() >= deadline {
+                return Ok(Waited::new(None, attempts));
+            }
+            // Then the server's fair queue, on a session lent whole if one is free.
+            if let Some(lent) = self.shared.pool.exclusive().await? {
+                attempts += 1;
+                return Ok(match self.server_wait(lent, id, deadline).await? {
+                    Some((on, token, started)) => {
+                        let grant = self.grant(req.monitor, id, on, gate, token, started);
+                        Waited::new(Some(grant), attempts)
+                    }
+                    None => Waited::new(None, attempts),
+                });
+            }
+            // Every session carries locks or a wait: poll with backoff (jittered so that
+            // pollers do not move in step) and look for a free session again.
+            let pause = POLL
+                .delay(attempts)
+                .min(deadline.saturating_duration_since(Instant::now()));
+            tokio::time::sleep(pause).await;
+        }
+    }
 }
 
-pub(crate) enum TryOutcome {
+enum TryOutcome {
     /// Locked, with the token and the instant the statement was sent.
     Granted(OnSession, Option<Gate>, FencingToken, Instant),
     Busy(Option<Gate>),
 }
 
-fn positive(token: i64) -> Result<FencingToken, Error> {
+/// The advisory-lock key of `key` under `prefix` (see "Key mapping" in the crate docs).
+pub(crate) fn derive_id(prefix: &str, advisory_keys: bool, key: &LockKey) -> i64 {
+    match explicit_key(key).filter(|_| advisory_keys) {
+        Some(id) => id,
+        None if prefix.is_empty() => advisory_key(key.as_str()),
+        None => advisory_key(&format!("{prefix}{}", key.as_str())),
+    }
+}
+
+/// The fencing token of a value the fence sequence returned: positive, or an error.
+pub(crate) fn positive(token: i64) -> Result<FencingToken, Error> {
     match u64::try_from(token) {
         Ok(t) if t > 0 => Ok(FencingToken::new(t)),
         // The caller's guards close or unlock the session, which drops the lock just taken.
@@ -361,8 +430,15 @@ mod tests {
             }
             assert!(backend.shared.ids().len() <= ID_CACHE);
         }
+        // Without the opt-in, `advisory:<n>` is a name like any other: hashed, prefixed.
         let numeric = crate::numeric_key(-42);
-        assert_eq!(backend.lock_id(&numeric), -42);
-        assert_eq!(backend.lock_id(&numeric), -42);
+        assert_eq!(backend.lock_id(&numeric), advisory_key("app/advisory:-42"));
+        let cfg = backend.config().clone().with_advisory_keys(true);
+        let opted = PostgresBackend::new(cfg);
+        assert_eq!(opted.lock_id(&numeric), -42);
+        assert_eq!(opted.lock_id(&numeric), -42);
+        let from_url =
+            PostgresConfig::from_url("postgres://u@127.0.0.1/db?advisory_keys=true").unwrap();
+        assert!(from_url.advisory_keys());
     }
 }

@@ -6,10 +6,11 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
 
-use leasehold_core::{Error, ErrorKind};
+use leasehold_core::Error;
 use tokio_postgres::config::SslMode;
 
 use crate::NAME;
+use crate::conninfo::{invalid, params_given, split_key_values, split_url};
 use crate::tls::{self, Roots, Tls, TlsMode};
 
 /// The URL schemes this backend accepts.
@@ -40,21 +41,6 @@ const MAX_IDENT: usize = 63;
 /// Longest key prefix accepted.
 const MAX_PREFIX: usize = 256;
 
-/// Parameters of a connection string that leasehold reads itself (and removes before the rest
-/// goes to the PostgreSQL driver).
-const OWN_PARAMS: &[&str] = &[
-    "prefix",
-    "fence_schema",
-    "fence_sequence",
-    "health_interval_ms",
-    "health_timeout_ms",
-    "max_sessions",
-    "max_idle_sessions",
-    "idle_timeout_ms",
-    "sslmode",
-    "sslrootcert",
-];
-
 /// How [`PostgresBackend`](crate::PostgresBackend) connects and behaves.
 ///
 /// Built from a connection string with [`from_url`](Self::from_url) (or `str::parse`), which
@@ -80,6 +66,8 @@ const OWN_PARAMS: &[&str] = &[
 /// | `max_sessions` | 10 | bound on the server connections of one backend (≥ 1); see below |
 /// | `idle_timeout_ms` | 60000 | a session holding no lock, unused for this long, is closed |
 /// | `sslmode` | `prefer` | see *TLS* below |
+/// | `allow_plaintext_password` | `true` | `false`: refuse to send a password without TLS to a host that is not loopback (by default that only warns); see *TLS* |
+/// | `advisory_keys` | `false` | `true`: keys `advisory:<n>` name the advisory-lock key `n` itself, bypassing the prefix (see the crate's *Key mapping*) |
 /// | `sslrootcert` | system roots | PEM file of the CA certificate(s) to trust; `system`: the operating system's store |
 ///
 /// Unless the string sets them, TCP keepalives are on with a 15 s idle time, a 5 s interval
@@ -100,10 +88,12 @@ const OWN_PARAMS: &[&str] = &[
 ///
 /// TLS is rustls with the *ring* provider (TLS 1.2 and 1.3). `sslmode`:
 ///
-/// - `disable`, `allow`, `prefer` (the default): **no TLS**. Unlike libpq, `allow` and
-///   `prefer` never try TLS: an unverified, optional encryption protects against nothing an
-///   active attacker cannot undo, and leasehold does not pay a handshake for it. Ask for TLS
-///   explicitly.
+/// - `disable`, `allow`: **no TLS** (`allow` does not retry with TLS, unlike libpq).
+/// - `prefer` (the default): as in libpq, **TLS first**, the certificate not verified, and
+///   plaintext only if the server refuses TLS or the handshake fails. Encryption then stops
+///   a passive eavesdropper; an active attacker can still force plaintext or present any
+///   certificate, so ask for `verify-full` where that matters. (Earlier versions read `prefer`
+///   as "no TLS at all", so a default connection sent its password in clear.)
 /// - `require`: encrypted, but the server's certificate is **not verified** (any certificate
 ///   is accepted, as in libpq): protects against passive eavesdropping only. As in libpq,
 ///   `require` together with an explicit `sslrootcert` file behaves as `verify-ca`.
@@ -114,9 +104,16 @@ const OWN_PARAMS: &[&str] = &[
 ///   subject alternative names). With `hostaddr`, the name checked is still `host`.
 ///
 /// The root file is read when the configuration is built: a missing, unreadable or empty
-/// file is an [`ErrorKind::InvalidConfig`] error then. A certificate that fails
-/// verification makes connecting fail with [`ErrorKind::Unavailable`] (the TLS error is in
+/// file is an [`ErrorKind::InvalidConfig`](leasehold_core::ErrorKind::InvalidConfig) error then. A certificate that fails
+/// verification makes connecting fail with [`ErrorKind::Unavailable`](leasehold_core::ErrorKind::Unavailable) (the TLS error is in
 /// the message). Unix sockets never use TLS (as in libpq).
+///
+/// **A password in clear.** When a session is about to send a password without TLS
+/// (`disable`, `allow`, or `prefer` that fell back) to a host that is not loopback
+/// ([`leasehold_core::transport::is_loopback_host`]: an IP outside `127.0.0.0/8` and `::1`, or
+/// a name other than `localhost`), it logs a `warn!` (target `leasehold.plaintext`); with
+/// `allow_plaintext_password=false` it refuses to connect instead
+/// ([`ErrorKind::InvalidConfig`](leasehold_core::ErrorKind::InvalidConfig)), before anything is sent in clear.
 ///
 /// `Debug` never shows the password.
 #[derive(Clone)]
@@ -132,6 +129,8 @@ pub struct PostgresConfig {
     pub(crate) health_timeout: Duration,
     pub(crate) max_sessions: usize,
     pub(crate) idle_timeout: Duration,
+    pub(crate) allow_plaintext_password: bool,
+    pub(crate) advisory_keys: bool,
 }
 
 impl fmt::Debug for PostgresConfig {
@@ -148,6 +147,8 @@ impl fmt::Debug for PostgresConfig {
             .field("idle_timeout", &self.idle_timeout)
             .field("sslmode", &self.tls_mode.as_str())
             .field("roots", &self.roots)
+            .field("allow_plaintext_password", &self.allow_plaintext_password)
+            .field("advisory_keys", &self.advisory_keys)
             .finish()
     }
 }
@@ -208,14 +209,15 @@ impl PostgresConfig {
         Ok(self)
     }
 
-    /// The effective `sslmode`: `disable`, `require`, `verify-ca` or `verify-full` (`allow`
-    /// and `prefer` read as `disable`; `require` with an `sslrootcert` file as `verify-ca`).
+    /// The effective `sslmode`: `disable`, `prefer`, `require`, `verify-ca` or `verify-full`
+    /// (`allow` reads as `disable`; `require` with an `sslrootcert` file as `verify-ca`).
     pub fn ssl_mode(&self) -> &'static str {
         self.tls_mode.as_str()
     }
 
     /// Applies libpq's `require` + root file rule, sets tokio-postgres' own `sslmode` to
-    /// match and builds the rustls connector.
+    /// match (`require` for every mode that tries TLS: `prefer` falls back by a second
+    /// connection without TLS, see the session module) and builds the rustls connector.
     fn build_tls(&mut self) -> Result<(), Error> {
         if self.tls_mode == TlsMode::Require && matches!(self.roots, Roots::File(_)) {
             self.tls_mode = TlsMode::VerifyCa;
@@ -247,10 +249,10 @@ impl PostgresConfig {
         if pg.get_application_name().is_none() {
             pg.application_name(DEFAULT_APPLICATION_NAME);
         }
-        let tls_mode = if pg.get_ssl_mode() == SslMode::Require {
-            TlsMode::Require
-        } else {
-            TlsMode::Off
+        let tls_mode = match pg.get_ssl_mode() {
+            SslMode::Require => TlsMode::Require,
+            SslMode::Disable => TlsMode::Off,
+            _ => TlsMode::Prefer,
         };
         Self {
             pg,
@@ -264,10 +266,16 @@ impl PostgresConfig {
             health_timeout: DEFAULT_HEALTH_TIMEOUT,
             max_sessions: DEFAULT_MAX_SESSIONS,
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
+            allow_plaintext_password: true,
+            advisory_keys: false,
         }
     }
 
     fn apply(&mut self, key: &str, value: &str) -> Result<(), Error> {
+        let flag = |v: &str| {
+            leasehold_core::transport::parse_allow_plaintext(NAME, v)
+                .map_err(|_| invalid(format!("{key} must be true or false")))
+        };
         let millis = |v: &str| -> Result<Duration, Error> {
             v.parse::<u64>()
                 .ok()
@@ -301,6 +309,10 @@ impl PostgresConfig {
                 return Err(invalid("sslrootcert must be a file path or `system`"));
             }
             "sslrootcert" => self.roots = Roots::File(PathBuf::from(value)),
+            "advisory_keys" => self.advisory_keys = flag(value)?,
+            leasehold_core::transport::ALLOW_PLAINTEXT_PASSWORD => {
+                self.allow_plaintext_password = flag(value)?;
+            }
             _ => {}
         }
         Ok(())
@@ -337,6 +349,27 @@ impl PostgresConfig {
             return Err(invalid("no host given"));
         }
         Ok(())
+    }
+
+    /// Whether a session may send a password without TLS to a host that is not loopback
+    /// (default `true`, with a warning); `false` refuses to connect (see *TLS* in the type's
+    /// documentation).
+    pub fn with_plaintext_password(mut self, allow: bool) -> Self {
+        self.allow_plaintext_password = allow;
+        self
+    }
+
+    /// Opts in to explicit numeric keys: with `true`, a key `advisory:<n>` is the advisory-lock
+    /// key `n` itself, without the prefix (to share a lock with `pg_advisory_lock(n)`). Off by
+    /// default: then `advisory:5` is a name like any other, hashed with the prefix.
+    pub fn with_advisory_keys(mut self, on: bool) -> Self {
+        self.advisory_keys = on;
+        self
+    }
+
+    /// Whether keys `advisory:<n>` name advisory-lock keys directly.
+    pub fn advisory_keys(&self) -> bool {
+        self.advisory_keys
     }
 
     /// Sets the key namespace: every key is hashed as `prefix + key`.
@@ -431,128 +464,15 @@ impl PostgresConfig {
     }
 }
 
-/// Whether the connection string passed on to tokio-postgres sets parameter `key` (as a URL
-/// query parameter or a key=value pair).
-fn params_given(s: &str, key: &str) -> bool {
-    let query = s.split_once('?').map_or(s, |(_, q)| q);
-    query
-        .split(['&', ' '])
-        .any(|p| p.split_once('=').is_some_and(|(k, _)| k.trim() == key))
-}
-
-fn invalid(msg: impl Into<String>) -> Error {
-    Error::new(ErrorKind::InvalidConfig, NAME, msg)
-}
-
 /// Double-quotes an identifier for SQL.
 pub(crate) fn quote_ident(ident: &str) -> String {
     format!("\"{}\"", ident.replace('"', "\"\""))
 }
 
-/// Splits a URL into (URL without leasehold's parameters, leasehold's parameters).
-fn split_url(s: &str) -> Result<(String, Vec<(String, String)>), Error> {
-    let (base, query) = match s.split_once('?') {
-        Some((b, q)) => (b, q),
-        None => (s, ""),
-    };
-    let query = query.split_once('#').map_or(query, |(q, _)| q);
-    let mut kept = Vec::new();
-    let mut own = Vec::new();
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        let key = percent_decode(k)?;
-        if OWN_PARAMS.contains(&key.as_str()) {
-            own.push((key, percent_decode(v)?));
-        } else {
-            kept.push(pair.to_owned());
-        }
-    }
-    let url = if kept.is_empty() {
-        base.to_owned()
-    } else {
-        format!("{base}?{}", kept.join("&"))
-    };
-    Ok((url, own))
-}
-
-fn percent_decode(s: &str) -> Result<String, Error> {
-    percent_encoding::percent_decode_str(s)
-        .decode_utf8()
-        .map(Into::into)
-        .map_err(|_| invalid("a URL parameter is not UTF-8"))
-}
-
-/// Splits a libpq key=value string into (the string without leasehold's parameters,
-/// leasehold's parameters).
-fn split_key_values(s: &str) -> Result<(String, Vec<(String, String)>), Error> {
-    let mut kept = Vec::new();
-    let mut own = Vec::new();
-    for (key, value) in parse_key_values(s)? {
-        if OWN_PARAMS.contains(&key.as_str()) {
-            own.push((key, value));
-        } else {
-            kept.push(format!(
-                "{key}='{}'",
-                value.replace('\\', "\\\\").replace('\'', "\\'")
-            ));
-        }
-    }
-    Ok((kept.join(" "), own))
-}
-
-/// Parses libpq's `key = value` syntax (values bare or single-quoted with `\` escapes).
-fn parse_key_values(s: &str) -> Result<Vec<(String, String)>, Error> {
-    let mut out = Vec::new();
-    let mut chars = s.chars().peekable();
-    loop {
-        while chars.next_if(|c| c.is_whitespace()).is_some() {}
-        if chars.peek().is_none() {
-            return Ok(out);
-        }
-        let mut key = String::new();
-        while let Some(c) = chars.next_if(|c| !c.is_whitespace() && *c != '=') {
-            key.push(c);
-        }
-        while chars.next_if(|c| c.is_whitespace()).is_some() {}
-        if chars.next() != Some('=') {
-            return Err(invalid(format!(
-                "invalid connection string: expected `=` after `{key}`"
-            )));
-        }
-        while chars.next_if(|c| c.is_whitespace()).is_some() {}
-        let mut value = String::new();
-        if chars.next_if_eq(&'\'').is_some() {
-            loop {
-                match chars.next() {
-                    Some('\\') => match chars.next() {
-                        Some(c) => value.push(c),
-                        None => {
-                            return Err(invalid("invalid connection string: unterminated quote"));
-                        }
-                    },
-                    Some('\'') => break,
-                    Some(c) => value.push(c),
-                    None => return Err(invalid("invalid connection string: unterminated quote")),
-                }
-            }
-        } else {
-            while let Some(c) = chars.next_if(|c| !c.is_whitespace()) {
-                if c == '\\' {
-                    if let Some(e) = chars.next() {
-                        value.push(e);
-                    }
-                } else {
-                    value.push(c);
-                }
-            }
-        }
-        out.push((key, value));
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use leasehold_core::ErrorKind;
     use tokio_postgres::config::Host;
 
     #[test]
@@ -584,6 +504,26 @@ mod tests {
         Ok(())
     }
 
+    /// Found by the `url` fuzz target: a URL of another scheme (or a password without its
+    /// key) read as `key = value` text was quoted whole in the error.
+    #[test]
+    fn a_malformed_key_value_string_is_not_quoted() {
+        for s in [
+            "redlock://user:Hx7SECRETq@\"\"#127.0.0.1:6379",
+            "user:Hx7SECRETq@db",
+            "host=h Hx7SECRETq",
+        ] {
+            let e = PostgresConfig::from_url(s)
+                .err()
+                .map(|e| format!("{e} {e:?}"));
+            let e = e.unwrap_or_default();
+            assert!(
+                e.contains("expected `=`") && !e.contains("SECRET"),
+                "{s}: {e}"
+            );
+        }
+    }
+
     #[test]
     fn key_values_and_unix_socket() -> Result<(), Error> {
         let c = PostgresConfig::from_url(
@@ -602,9 +542,15 @@ mod tests {
     #[test]
     fn ssl_modes() -> Result<(), Error> {
         for (s, mode, pg) in [
-            ("postgres://u@h/d", "disable", SslMode::Disable),
+            ("postgres://u@h/d", "prefer", SslMode::Require),
+            ("host=h user=u", "prefer", SslMode::Require),
             (
                 "postgres://u@h/d?sslmode=prefer",
+                "prefer",
+                SslMode::Require,
+            ),
+            (
+                "postgres://u@h/d?sslmode=disable",
                 "disable",
                 SslMode::Disable,
             ),
@@ -628,6 +574,9 @@ mod tests {
         let mut pg = tokio_postgres::Config::new();
         pg.host("h").ssl_mode(SslMode::Require);
         assert_eq!(PostgresConfig::from_pg_config(pg)?.ssl_mode(), "require");
+        let mut pg = tokio_postgres::Config::new();
+        pg.host("h");
+        assert_eq!(PostgresConfig::from_pg_config(pg)?.ssl_mode(), "prefer");
         Ok(())
     }
 
@@ -643,6 +592,8 @@ mod tests {
             "postgres://u:hunter2@h/db?max_sessions=many",
             "postgres://u:hunter2@h/db?max_idle_sessions=4",
             "postgres://u:hunter2@h/db?bogus=1",
+            "postgres://u:hunter2@h/db?allow_plaintext_password=hunter2",
+            "postgres://u:hunter2@h/db?advisory_keys=maybe",
             "postgres://u:hunter2@h:notaport/db",
             "host=h password=hunter2 sslmode=bogus",
             "host=h password='hunter2",

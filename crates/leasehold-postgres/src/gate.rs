@@ -6,6 +6,7 @@
 //! queue here (FIFO) and only the head talks to the server, instead of 32 waits each blocking
 //! a session in `pg_advisory_lock`.
 
+use crate::key::AdvisoryId;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
@@ -15,28 +16,28 @@ use tokio::time::Instant;
 #[derive(Debug, Default)]
 pub(crate) struct Gates {
     /// foldhash: two lookups per acquisition, of ids that are our own.
-    map: Mutex<foldhash::HashMap<i64, Arc<AsyncMutex<()>>>>,
+    map: Mutex<foldhash::HashMap<AdvisoryId, Arc<AsyncMutex<()>>>>,
 }
 
 /// A passed gate; dropping it lets the next local contender in.
 #[derive(Debug)]
 pub(crate) struct Gate {
     gates: Arc<Gates>,
-    id: i64,
+    id: AdvisoryId,
     guard: Option<OwnedMutexGuard<()>>,
 }
 
 impl Gates {
-    fn map(&self) -> MutexGuard<'_, foldhash::HashMap<i64, Arc<AsyncMutex<()>>>> {
+    fn map(&self) -> MutexGuard<'_, foldhash::HashMap<AdvisoryId, Arc<AsyncMutex<()>>>> {
         self.map.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn entry(&self, id: i64) -> Arc<AsyncMutex<()>> {
+    fn entry(&self, id: AdvisoryId) -> Arc<AsyncMutex<()>> {
         Arc::clone(self.map().entry(id).or_default())
     }
 
     /// Passes the gate of `id` at once, or `None` if a local contender is in.
-    pub(crate) fn try_enter(self: &Arc<Self>, id: i64) -> Option<Gate> {
+    pub(crate) fn try_enter(self: &Arc<Self>, id: AdvisoryId) -> Option<Gate> {
         let guard = self.entry(id).try_lock_owned().ok();
         match guard {
             Some(guard) => Some(Gate {
@@ -52,7 +53,11 @@ impl Gates {
     }
 
     /// Waits (first come, first served) to pass the gate of `id` until `deadline`.
-    pub(crate) async fn enter_until(self: &Arc<Self>, id: i64, deadline: Instant) -> Option<Gate> {
+    pub(crate) async fn enter_until(
+        self: &Arc<Self>,
+        id: AdvisoryId,
+        deadline: Instant,
+    ) -> Option<Gate> {
         let m = self.entry(id);
         // The guard drops the queued lock future first and then tidies, also when this future
         // is dropped while queued.
@@ -74,7 +79,7 @@ impl Gates {
     }
 
     /// Removes the entry of `id` when nobody holds or waits for it.
-    fn tidy(&self, id: i64) {
+    fn tidy(&self, id: AdvisoryId) {
         let mut map = self.map();
         if map.get(&id).is_some_and(|m| Arc::strong_count(m) == 1) {
             map.remove(&id);
@@ -90,7 +95,7 @@ impl Gates {
 
 struct Waiting<'a, F> {
     gates: &'a Gates,
-    id: i64,
+    id: AdvisoryId,
     fut: Option<Pin<Box<F>>>,
 }
 
@@ -116,17 +121,17 @@ mod tests {
     #[tokio::test]
     async fn one_local_holder_and_no_leftover_entries() {
         let gates = Arc::new(Gates::default());
-        let a = gates.try_enter(1);
+        let a = gates.try_enter(AdvisoryId::Big(1));
         assert!(a.is_some());
-        assert!(gates.try_enter(1).is_none());
-        assert!(gates.try_enter(2).is_some());
+        assert!(gates.try_enter(AdvisoryId::Big(1)).is_none());
+        assert!(gates.try_enter(AdvisoryId::Big(2)).is_some());
         let soon = Instant::now() + Duration::from_millis(20);
-        assert!(gates.enter_until(1, soon).await.is_none());
+        assert!(gates.enter_until(AdvisoryId::Big(1), soon).await.is_none());
         let waiter = {
             let gates = Arc::clone(&gates);
             tokio::spawn(async move {
                 gates
-                    .enter_until(1, Instant::now() + Duration::from_secs(5))
+                    .enter_until(AdvisoryId::Big(1), Instant::now() + Duration::from_secs(5))
                     .await
                     .is_some()
             })

@@ -8,7 +8,7 @@ use leasehold_core::{Error, ErrorKind};
 
 use crate::NAME;
 use crate::gate::Gate;
-use crate::key::LockId;
+use crate::key::AdvisoryId;
 use crate::pool::Pool;
 use crate::session::Session;
 use crate::watch::{Abandon, lock};
@@ -27,7 +27,7 @@ pub(crate) struct PgGrant(pub(crate) Arc<GrantInner>);
 
 #[derive(Debug)]
 pub(crate) struct GrantInner {
-    pub(crate) id: LockId,
+    pub(crate) id: AdvisoryId,
     /// The grant's entry in its session's health check.
     pub(crate) watch_id: u64,
     pub(crate) held: Mutex<Option<OnSession>>,
@@ -146,7 +146,7 @@ const UNLOCK_HANDED_OVER: &str = "pg_advisory_unlock kept failing; it is retried
 pub(crate) struct Unlocking {
     pub(crate) on: Option<OnSession>,
     pub(crate) gate: Option<Gate>,
-    pub(crate) id: LockId,
+    pub(crate) id: AdvisoryId,
 }
 
 impl Unlocking {
@@ -171,7 +171,7 @@ impl Drop for Unlocking {
 }
 
 /// Sends `pg_advisory_unlock` until it answers or the session ends.
-async fn unlock_until_gone(on: OnSession, gate: Option<Gate>, id: LockId) {
+async fn unlock_until_gone(on: OnSession, gate: Option<Gate>, id: AdvisoryId) {
     let mut pause = RELEASE_BACKOFF;
     while on.alive() {
         match on.session.unlock(id).await {

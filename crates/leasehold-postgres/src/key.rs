@@ -8,7 +8,8 @@ use sha2::Sha256;
 /// to sqlx's for the same name.
 const SQLX_INFO: &[u8] = b"SQLx (Rust) Postgres advisory lock";
 
-/// Keys of this form (`advisory:<i64 in canonical decimal>`) name an advisory-lock key directly.
+/// Keys of this form (`advisory:<i64 in canonical decimal>`) name an advisory-lock key directly,
+/// where the configuration opts in (`advisory_keys=true`).
 pub const NUMERIC_KEY_PREFIX: &str = "advisory:";
 
 /// The advisory-lock key (`bigint`) for a lock name, exactly as sqlx's
@@ -60,7 +61,8 @@ pub(crate) fn explicit_key(key: &LockKey) -> Option<i64> {
 }
 
 /// A [`LockKey`] naming the advisory-lock key `id` directly (`advisory:<id>`), for locks shared
-/// with code that uses a plain number: `pg_advisory_lock(id)`.
+/// with code that uses a plain number: `pg_advisory_lock(id)`. Only a backend configured with
+/// `advisory_keys=true` reads it as the number; otherwise it is a name hashed like any other.
 ///
 /// ```
 /// let key = leasehold_postgres::numeric_key(42);
@@ -74,11 +76,78 @@ pub fn numeric_key(id: i64) -> LockKey {
     }
 }
 
+/// The first `int4` of every election's advisory key: `0x4C48454C`, "LHEL" in ASCII. No
+/// semaphore takes it (see [`semaphore_key`]).
+pub const ELECTION_SPACE: i32 = 0x4C48_454C;
+
+/// An advisory-lock key, for locks, semaphores and elections alike, in one of PostgreSQL's two
+/// key spaces, which never overlap: a `bigint` (`objsubid = 1` in `pg_locks`) or a pair of
+/// `int4` (`objsubid = 2`). Each primitive has its own part:
+///
+/// - a **lock** takes the `bigint` of [`derive_id`](crate::backend::derive_id);
+/// - an **election** takes `(ELECTION_SPACE, k)`, `k` the low 32 bits of [`advisory_key`] of
+///   the prefixed name ([`AdvisoryId::election`]);
+/// - permit `i` of a **semaphore** takes `(s, i)`, `s` = [`semaphore_key`] of the prefixed
+///   name, which is never [`ELECTION_SPACE`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum AdvisoryId {
+    /// `pg_advisory_lock(bigint)`.
+    Big(i64),
+    /// `pg_advisory_lock(int4, int4)`.
+    Pair(i32, i32),
+}
+
+impl AdvisoryId {
+    /// The advisory lock of the election `name` (prefix and key).
+    pub(crate) fn election(name: &str) -> Self {
+        // The low 32 bits, reinterpreted: any i32 is a valid second key.
+        Self::Pair(ELECTION_SPACE, advisory_key(name) as i32)
+    }
+
+    /// `(classid, objid, objsubid)` as `pg_locks` shows the lock.
+    pub(crate) fn pg_locks(self) -> (u32, u32, i16) {
+        match self {
+            Self::Big(id) => {
+                let (classid, objid) = pg_locks_ids(id);
+                (classid, objid, 1)
+            }
+            Self::Pair(a, b) => (a as u32, b as u32, 2),
+        }
+    }
+}
+
+impl std::fmt::Display for AdvisoryId {
+    /// The arguments of `pg_advisory_lock(…)`, as SQL literals.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Big(id) => write!(f, "{id}"),
+            Self::Pair(a, b) => write!(f, "{a}, {b}"),
+        }
+    }
+}
+
 /// The pair `(classid, objid)` under which `pg_locks` shows a `bigint` advisory lock (with
 /// `objsubid = 1`): the high and the low 32 bits of the key.
 pub fn pg_locks_ids(id: i64) -> (u32, u32) {
     let bits = id as u64;
     ((bits >> 32) as u32, (bits & 0xffff_ffff) as u32)
+}
+
+/// The first `int4` of the advisory keys of `name`'s semaphore slots: the high half of
+/// [`advisory_key`] of `"semaphore:" + name`, except that [`ELECTION_SPACE`] (which belongs to
+/// elections) becomes `ELECTION_SPACE + 1`. Two semaphores whose names share it share their
+/// slots, which can only lower how many holders each admits, never raise it.
+pub fn semaphore_key(name: &str) -> i32 {
+    semaphore_space((advisory_key(&format!("semaphore:{name}")) >> 32) as i32)
+}
+
+/// A semaphore's first `int4` from its hash: anything but [`ELECTION_SPACE`].
+fn semaphore_space(hash: i32) -> i32 {
+    if hash == ELECTION_SPACE {
+        ELECTION_SPACE + 1
+    } else {
+        hash
+    }
 }
 
 #[cfg(test)]
@@ -110,6 +179,17 @@ mod tests {
     }
 
     #[test]
+    fn semaphores_never_take_the_election_space() {
+        // The remap itself, on the one hash value that needs it.
+        assert_ne!(semaphore_space(ELECTION_SPACE), ELECTION_SPACE);
+        assert_eq!(semaphore_space(7), 7);
+        assert_eq!(
+            AdvisoryId::election("app/k"),
+            AdvisoryId::Pair(ELECTION_SPACE, advisory_key("app/k") as i32)
+        );
+    }
+
+    #[test]
     fn pg_locks_split() {
         assert_eq!(pg_locks_ids(1), (0, 1));
         assert_eq!(pg_locks_ids(-1), (u32::MAX, u32::MAX));
@@ -118,33 +198,4 @@ mod tests {
             (0x1234_5678, 0x9abc_def0)
         );
     }
-}
-
-/// An advisory lock: a lock's `bigint` key, or a semaphore slot's pair of `int4` keys
-/// (`pg_try_advisory_lock(int4, int4)`, a key space of its own: `objsubid` 2 in `pg_locks`,
-/// where the `bigint` locks are `objsubid` 1, so the two never overlap).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub(crate) enum LockId {
-    /// A lock.
-    Key(i64),
-    /// A semaphore's slot: the semaphore's key and the slot number.
-    Pair(i32, i32),
-}
-
-impl LockId {
-    /// The id of the in-process gate: the `bigint` key, or the pair packed into one. A pair
-    /// that packs to a lock's key only makes the two take turns in this process.
-    pub(crate) fn gate(self) -> i64 {
-        match self {
-            Self::Key(id) => id,
-            Self::Pair(a, b) => (i64::from(a) << 32) | i64::from(b.cast_unsigned()),
-        }
-    }
-}
-
-/// The first `int4` of the advisory keys of `name`'s semaphore slots: the high half of
-/// [`advisory_key`] of `"semaphore:" + name`. Two semaphores whose names share it share their
-/// slots, which can only lower how many holders each admits, never raise it.
-pub fn semaphore_key(name: &str) -> i32 {
-    (advisory_key(&format!("semaphore:{name}")) >> 32) as i32
 }

@@ -23,7 +23,8 @@
 //!   (first come, first served) and only the head of the queue talks to the server; the gate
 //!   opens only once the holder's unlock is done (or its session is gone).
 //! - **One round trip, with the token.** `try_acquire` is one prepared statement:
-//!   `SELECT CASE WHEN pg_try_advisory_lock($1) THEN nextval('"public"."leasehold_fence"') END`.
+//!   `SELECT CASE WHEN pg_try_advisory_lock($1) THEN nextval($2::text::regclass) END`, the
+//!   sequence's name (`"public"."leasehold_fence"`) bound as `$2`, never spliced into the SQL.
 //!   The fencing token comes from a sequence (created with `CREATE SEQUENCE IF NOT EXISTS` on
 //!   first use; schema and name are configurable): it strictly increases across every grant
 //!   of every key, and survives server restarts (sequences never go back, even after a crash).
@@ -60,7 +61,10 @@
 //!   locks count, not only ours). When it is full, PostgreSQL
 //!   answers `out of shared memory` (SQLSTATE 53200) to every new lock on the server; the
 //!   backend reports it as `Unavailable` (retryable). Raise `max_locks_per_transaction` on a
-//!   server that must carry many locks.
+//!   server that must carry many locks (it takes a restart): one process holding 10,000 leases
+//!   needs 10,000 entries for itself, so on a default install (100 connections) a value of at
+//!   least 128 (12,800 entries) with room for every other session's locks. The test services
+//!   run 128 × 200 connections (25,600), which the `fleet` benchmark's 10,000 leases fit.
 //! - **Release checks its answer, and retries.** `pg_advisory_unlock` returns whether the
 //!   session held the lock; `false` is reported as "not held". A release whose connection
 //!   ended reports "not held" (the lock ended with the session). An unlock that fails while
@@ -133,16 +137,25 @@
 //! - `sslmode=require` encrypts but does **not** authenticate the server (any certificate is
 //!   accepted): it stops passive eavesdroppers, not an active man in the middle. Use
 //!   `verify-full` (with `sslrootcert=<CA file>` for a private CA) to know whom you talk to.
-//!   `prefer` (the default) and `allow` do not use TLS at all. See *TLS* in
-//!   [`PostgresConfig`].
+//!   `prefer` (the default) tries TLS first, as libpq does, and falls back to plaintext when
+//!   the server refuses it (with a warning, or a refusal with `allow_plaintext_password=false`,
+//!   when a password would then go in clear to a host that is not loopback); `disable` and
+//!   `allow` do not use TLS. See *TLS* in [`PostgresConfig`].
+//! - A crashed holder's locks end with its process: the kernel closes the connection and the
+//!   server ends the session at once (`CrashRelease::ProcessExit` in the capabilities), whatever
+//!   the TTL. A host that vanishes without closing its connections is noticed by the server's
+//!   TCP keepalive (`tcp_keepalives_*` on the server).
 //!
 //! # Key mapping
 //!
 //! Every key maps to one `bigint` advisory-lock key:
 //!
-//! - A key of the form `advisory:<n>`, `<n>` a canonical decimal `i64` (no `+`, no leading
-//!   zeros, no `-0`), is the number `n` itself; the prefix is not applied. [`numeric_key`]
-//!   builds such keys.
+//! - Only where the configuration opts in (`advisory_keys=true` in the URL,
+//!   [`PostgresConfig::with_advisory_keys`]), a key of the form `advisory:<n>`, `<n>` a
+//!   canonical decimal `i64` (no `+`, no leading zeros, no `-0`), is the number `n` itself,
+//!   and the prefix is not applied: for locks shared with `pg_advisory_lock(n)`. [`numeric_key`]
+//!   builds such keys. Off (the default), `advisory:5` is a name like any other, hashed with
+//!   the prefix below, so no key can step outside the configured prefix.
 //! - Any other key `k` maps to [`advisory_key`]`(prefix + k)`, which is exactly what sqlx's
 //!   `PgAdvisoryLock::new(prefix + k)` uses: HKDF-SHA256 (RFC 5869) without salt, input key
 //!   material the UTF-8 bytes of the name, info `SQLx (Rust) Postgres advisory lock`, 8 bytes
@@ -206,6 +219,8 @@
 
 mod backend;
 mod config;
+mod conninfo;
+mod election;
 mod error;
 mod fence;
 mod gate;
@@ -226,8 +241,11 @@ pub use config::{
     DEFAULT_HEALTH_INTERVAL, DEFAULT_HEALTH_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_SESSIONS,
     DEFAULT_PREFIX, PostgresConfig, SCHEMES,
 };
+pub use election::LEADERS_TABLE;
 pub use fence::PostgresFenceStore;
-pub use key::{NUMERIC_KEY_PREFIX, advisory_key, numeric_key, pg_locks_ids, semaphore_key};
+pub use key::{
+    ELECTION_SPACE, NUMERIC_KEY_PREFIX, advisory_key, numeric_key, pg_locks_ids, semaphore_key,
+};
 pub use permits::{PostgresPermits, SEMAPHORE_TABLE};
 
 use leasehold_core::Error;
@@ -261,4 +279,23 @@ fn open(target: &Target<'_>) -> Result<Opening, Error> {
     let config = PostgresConfig::from_url(target.url)?;
     let config = target.prefixed(config, |c, p| c.with_prefix(p))?;
     Ok(connecting(PostgresBackend::connect(config)))
+}
+
+#[doc(hidden)]
+pub mod fuzzing {
+    //! Internal entry points for the fuzz targets in `fuzz/`; not part of the API.
+
+    use leasehold_core::LockKey;
+
+    /// The advisory-lock key of `key` under `prefix` (with `advisory:<n>` keys taken as
+    /// written when `advisory_keys`), as
+    /// [`PostgresBackend::lock_id`](crate::PostgresBackend::lock_id) derives it.
+    pub fn lock_id(prefix: &str, advisory_keys: bool, key: &LockKey) -> i64 {
+        crate::backend::derive_id(prefix, advisory_keys, key)
+    }
+
+    /// The fencing token of a value read from the fence sequence's row, if it is one.
+    pub fn token(value: i64) -> Option<u64> {
+        crate::backend::positive(value).ok().map(|t| t.get())
+    }
 }

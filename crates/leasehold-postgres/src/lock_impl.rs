@@ -1,33 +1,38 @@
-//! The [`LockBackend`] implementation of [`PostgresBackend`]: locks, and the permit view.
+//! The [`LockBackend`] implementation of [`PostgresBackend`]: locks, the permit view and the
+//! election view.
 
 use std::sync::Arc;
 
 use leasehold_core::{
     Candidate, Capabilities, DEFAULT_MAX_TTL, ElectionBackend, Error, ErrorKind, ExtendRequest,
-    FencingKind, Grant, Held, HolderInfo, LockBackend, LockKey, LockRequest, PermitBackend,
-    PermitLimit, RenewalKind, SafetyClass, Validity, WaitKind, Waited, async_trait,
+    Extended, FencingKind, Grant, Held, HolderInfo, LockBackend, LockKey, LockRequest,
+    PermitBackend, PermitLimit, RenewalKind, SafetyClass, Validity, WaitKind, Waited, async_trait,
 };
 use tokio::time::Instant;
 
 use crate::NAME;
-use crate::backend::{POLL, PostgresBackend, TryOutcome, internal};
+use crate::backend::PostgresBackend;
+use crate::election::{Advisory, PgElection};
 use crate::error::pg_error;
 use crate::grant::PgGrant;
-use crate::key::LockId;
+use crate::key::AdvisoryId;
 use crate::permits::PostgresPermits;
+use crate::pool::Pool;
 use crate::watch::lock;
 
 #[async_trait]
 impl LockBackend for PostgresBackend {
     fn capabilities(&self) -> Capabilities {
         Capabilities::new(NAME, SafetyClass::Correctness, FencingKind::Monotonic)
+            .with_semaphores()
+            .with_elections()
             .with_wait(WaitKind::Native)
             .with_renewal(RenewalKind::Session)
             .with_ttl_range(
                 self.shared.window(),
                 DEFAULT_MAX_TTL.max(self.shared.window()),
             )
-            .with_semaphores()
+            .with_crash_release(leasehold_core::CrashRelease::ProcessExit)
     }
 
     /// A [`PostgresPermits`] view on this backend's sessions.
@@ -35,80 +40,19 @@ impl LockBackend for PostgresBackend {
         Ok(Arc::new(PostgresPermits::new((*self).clone(), limit)))
     }
 
-    fn election(self: Arc<Self>, _candidate: Candidate) -> Result<Arc<dyn ElectionBackend>, Error> {
-        Err(Error::unsupported_primitive(
-            NAME,
-            "elections",
-            "not built yet",
-        ))
+    /// An election view (`PgElection`) on this backend's sessions.
+    fn election(self: Arc<Self>, candidate: Candidate) -> Result<Arc<dyn ElectionBackend>, Error> {
+        Ok(Arc::new(PgElection::new((*self).clone(), candidate)))
     }
 
     async fn try_lock(&self, req: LockRequest<'_>) -> Result<Option<Grant>, Error> {
-        let id = self.lock_id(req.key);
-        let Some(gate) = self.shared.gates.try_enter(id) else {
-            return Ok(None);
-        };
-        match self
-            .one_try(LockId::Key(id), gate, req.started, None)
-            .await?
-        {
-            TryOutcome::Granted(on, g, token, sent) => Ok(Some(self.grant(
-                req.monitor,
-                LockId::Key(id),
-                on,
-                g,
-                token,
-                sent,
-            ))),
-            TryOutcome::Busy(_) => Ok(None),
-        }
+        self.try_at(AdvisoryId::Big(self.lock_id(req.key)), req)
+            .await
     }
 
     async fn wait_lock(&self, req: LockRequest<'_>, deadline: Instant) -> Result<Waited, Error> {
-        let id = self.lock_id(req.key);
-        let Some(gate) = self.shared.gates.enter_until(id, deadline).await else {
-            return Ok(Waited::new(None, 1));
-        };
-        let mut gate = Some(gate);
-        let mut attempts = 0;
-        loop {
-            // A try first: one round trip when the lock is free.
-            let Some(g) = gate.take() else {
-                return Err(internal("gate vanished"));
-            };
-            attempts += 1;
-            match self
-                .one_try(LockId::Key(id), g, req.started, Some(deadline))
-                .await?
-            {
-                TryOutcome::Granted(on, g, token, sent) => {
-                    let grant = self.grant(req.monitor, LockId::Key(id), on, g, token, sent);
-                    return Ok(Waited::new(Some(grant), attempts));
-                }
-                TryOutcome::Busy(g) => gate = g,
-            }
-            if Instant::now() >= deadline {
-                return Ok(Waited::new(None, attempts));
-            }
-            // Then the server's fair queue, on a session lent whole if one is free.
-            if let Some(lent) = self.shared.pool.exclusive().await? {
-                attempts += 1;
-                return Ok(match self.server_wait(lent, id, deadline).await? {
-                    Some((on, token, started)) => {
-                        let grant =
-                            self.grant(req.monitor, LockId::Key(id), on, gate, token, started);
-                        Waited::new(Some(grant), attempts)
-                    }
-                    None => Waited::new(None, attempts),
-                });
-            }
-            // Every session carries locks or a wait: poll with backoff (jittered so that
-            // pollers do not move in step) and look for a free session again.
-            let pause = POLL
-                .delay(attempts)
-                .min(deadline.saturating_duration_since(Instant::now()));
-            tokio::time::sleep(pause).await;
-        }
+        self.wait_at(AdvisoryId::Big(self.lock_id(req.key)), req, deadline)
+            .await
     }
 
     async fn release(&self, held: Held<'_>) -> Result<bool, Error> {
@@ -144,15 +88,18 @@ impl LockBackend for PostgresBackend {
     }
 
     /// No batch request here: each grant in turn.
-    async fn extend_many(
-        &self,
-        reqs: &[leasehold_core::ExtendRequest<'_>],
-    ) -> Vec<Result<Option<leasehold_core::Validity>, leasehold_core::Error>> {
+    async fn extend_many(&self, reqs: &[ExtendRequest<'_>]) -> Vec<Extended> {
         leasehold_core::extend_each(self, reqs).await
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
-        let id = self.lock_id(key);
+        self.holder_at(AdvisoryId::Big(self.lock_id(key))).await
+    }
+}
+
+impl PostgresBackend {
+    /// What `pg_locks` says of the holder of advisory key `id`.
+    pub(crate) async fn holder_at(&self, id: AdvisoryId) -> Result<Option<HolderInfo>, Error> {
         let lent = self.shared.pool.shared(None).await?;
         let pid = lent
             .session
@@ -164,5 +111,33 @@ impl LockBackend for PostgresBackend {
             HolderInfo::unknown()
                 .with_detail(format!("advisory lock {id} held by backend pid {pid}"))
         }))
+    }
+}
+
+#[async_trait]
+impl Advisory for PostgresBackend {
+    fn name(&self, key: &LockKey) -> String {
+        format!("{}{}", self.shared.pool.cfg.prefix, key.as_str())
+    }
+
+    async fn try_at(&self, id: AdvisoryId, req: LockRequest<'_>) -> Result<Option<Grant>, Error> {
+        PostgresBackend::try_at(self, id, req).await
+    }
+
+    async fn wait_at(
+        &self,
+        id: AdvisoryId,
+        req: LockRequest<'_>,
+        deadline: Instant,
+    ) -> Result<Waited, Error> {
+        PostgresBackend::wait_at(self, id, req, deadline).await
+    }
+
+    async fn holder_at(&self, id: AdvisoryId) -> Result<Option<HolderInfo>, Error> {
+        PostgresBackend::holder_at(self, id).await
+    }
+
+    fn pool(&self) -> &Arc<Pool> {
+        &self.shared.pool
     }
 }

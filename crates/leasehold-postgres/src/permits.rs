@@ -4,8 +4,8 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use leasehold_core::{
-    Capabilities, Error, ErrorKind, ExtendRequest, Grant, Held, HolderInfo, LockBackend, LockKey,
-    LockRequest, PermitBackend, PermitLimit, Validity, WaitKind, Waited, async_trait,
+    Capabilities, Error, ErrorKind, ExtendRequest, Extended, Grant, Held, HolderInfo, LockBackend,
+    LockKey, LockRequest, PermitBackend, PermitLimit, Validity, WaitKind, Waited, async_trait,
     semaphore::limit_mismatch,
 };
 use rand::Rng;
@@ -13,10 +13,10 @@ use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
 use crate::NAME;
-use crate::backend::{PostgresBackend, TryOutcome};
+use crate::backend::PostgresBackend;
 use crate::config::quote_ident;
 use crate::error::pg_error;
-use crate::key::{LockId, semaphore_key};
+use crate::key::{AdvisoryId, semaphore_key};
 
 /// The table of agreed limits, in the fencing sequence's schema.
 pub const SEMAPHORE_TABLE: &str = "leasehold_semaphores";
@@ -87,7 +87,7 @@ impl PostgresPermits {
         if self.cache().contains(key) {
             return Ok(());
         }
-        let (pool, _) = self.backend.parts();
+        let pool = &self.backend.shared.pool;
         let lent = pool.shared(None).await?;
         let table = self.table_sql();
         self.table
@@ -96,7 +96,7 @@ impl PostgresPermits {
                     "CREATE TABLE IF NOT EXISTS {table} \
                      (key text PRIMARY KEY, permits integer NOT NULL CHECK (permits > 0))"
                 );
-                let Err(e) = lent.session.batch(&create).await else {
+                let Err(e) = lent.session.client().batch_execute(&create).await else {
                     return Ok(());
                 };
                 // A concurrent creator may have won (the error then varies with the moment
@@ -105,7 +105,7 @@ impl PostgresPermits {
                     "SELECT to_regclass('{}') IS NOT NULL",
                     table.replace('\'', "''")
                 );
-                match lent.session.query(&probe, &[]).await {
+                match lent.session.client().query(&probe, &[]).await {
                     Ok(rows)
                         if rows.first().and_then(|r| r.try_get::<_, bool>(0).ok())
                             == Some(true) =>
@@ -125,6 +125,7 @@ impl PostgresPermits {
         );
         let rows = lent
             .session
+            .client()
             .query(&sql, &[&name, &asked])
             .await
             .map_err(|e| pg_error("semaphore limit", e))?;
@@ -157,10 +158,11 @@ impl PostgresPermits {
 
     async fn live(&self, key: &LockKey) -> Result<Vec<HolderInfo>, Error> {
         let s = semaphore_key(&self.name(key));
-        let (pool, _) = self.backend.parts();
+        let pool = &self.backend.shared.pool;
         let lent = pool.shared(None).await?;
         let rows = lent
             .session
+            .client()
             .query(
                 "SELECT pid, objid::bigint FROM pg_locks WHERE locktype = 'advisory' AND granted \
                  AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
@@ -196,25 +198,13 @@ impl LockBackend for PostgresPermits {
         let s = semaphore_key(&self.name(req.key));
         let n = self.limit.get();
         let start = rand::rng().random_range(0..n);
-        let (_, gates) = self.backend.parts();
         for i in 0..n {
             let slot = i32::try_from((start + i) % n).unwrap_or(0);
-            let id = LockId::Pair(s, slot);
-            // One local contender per slot: a session would take its own advisory lock twice.
-            let Some(gate) = gates.try_enter(id.gate()) else {
-                continue;
-            };
-            if let TryOutcome::Granted(on, g, token, sent) =
-                self.backend.one_try(id, gate, req.started, None).await?
-            {
-                return Ok(Some(self.backend.grant(
-                    req.monitor,
-                    id,
-                    on,
-                    g,
-                    token,
-                    sent,
-                )));
+            // The gate lets one local contender try a slot: a session would take its own
+            // advisory lock twice.
+            let id = AdvisoryId::Pair(s, slot);
+            if let Some(grant) = self.backend.try_at(id, req).await? {
+                return Ok(Some(grant));
             }
         }
         Ok(None)
@@ -237,10 +227,7 @@ impl LockBackend for PostgresPermits {
     }
 
     /// No batch request here: each permit's session in turn.
-    async fn extend_many(
-        &self,
-        reqs: &[ExtendRequest<'_>],
-    ) -> Vec<Result<Option<Validity>, Error>> {
+    async fn extend_many(&self, reqs: &[ExtendRequest<'_>]) -> Vec<Extended> {
         leasehold_core::extend_each(self, reqs).await
     }
 

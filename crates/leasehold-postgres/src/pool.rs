@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
-use leasehold_core::{Error, ErrorKind};
+use leasehold_core::{Error, ErrorKind, metrics};
 use tokio::sync::{Notify, OnceCell};
 use tokio::time::Instant;
 
@@ -92,6 +92,7 @@ impl Drop for Opening<'_> {
     fn drop(&mut self) {
         if let Some(pool) = self.0.take() {
             pool.state().opening -= 1;
+            metrics::pool_sessions(NAME, -1.0);
             pool.freed.notify_waiters();
         }
     }
@@ -142,6 +143,8 @@ impl Pool {
     /// one if all are busy and the bound allows. When every session is lent whole, waits until
     /// `deadline` (`None`: not at all) for one, then fails [`ErrorKind::Unavailable`].
     pub(crate) async fn shared(self: &Arc<Self>, deadline: Option<Instant>) -> Result<Lent, Error> {
+        // Counts this request among the pool's waiters from its first wait to its end.
+        let mut waiting = None;
         loop {
             let notified = self.freed.notified();
             let mut notified = std::pin::pin!(notified);
@@ -175,6 +178,7 @@ impl Pool {
             // Every session is lent whole or still being opened: wait for one (a session being
             // opened is ready within the connect timeout, so a try waits for that too).
             let full = || pool_full(self.cfg.max_sessions);
+            waiting.get_or_insert_with(|| metrics::pool_wait(NAME));
             match deadline {
                 Some(d) if Instant::now() < d => {
                     if tokio::time::timeout_at(d, notified).await.is_err() {
@@ -280,6 +284,7 @@ impl Pool {
                 s.since = now;
             }
             if close {
+                metrics::pool_sessions(NAME, -1.0);
                 Some(st.slots.swap_remove(pos))
             } else {
                 None
@@ -302,6 +307,7 @@ impl Pool {
                 .map(|pos| st.slots.swap_remove(pos))
         };
         if removed.is_some() {
+            metrics::pool_sessions(NAME, -1.0);
             drop(removed);
             self.freed.notify_waiters();
         }
@@ -337,6 +343,7 @@ impl Pool {
                 let s = &st.slots[i];
                 if s.unused() && now.duration_since(s.since) >= idle {
                     closing.push(st.slots.swap_remove(i));
+                    metrics::pool_sessions(NAME, -1.0);
                 } else {
                     i += 1;
                 }
@@ -376,6 +383,14 @@ impl Pool {
     }
 }
 
+impl Drop for Pool {
+    fn drop(&mut self) {
+        let open = self.state().slots.len();
+        #[allow(clippy::cast_precision_loss)] // pool sizes are far below 2^52
+        metrics::pool_sessions(NAME, -(open as f64));
+    }
+}
+
 /// The longest period of the idle-session reaper.
 const IDLE_CHECK_MAX: Duration = Duration::from_secs(15);
 
@@ -383,6 +398,7 @@ impl State {
     /// Counts one more session being opened and names its slot.
     fn reserve(&mut self) -> u64 {
         self.opening += 1;
+        metrics::pool_sessions(NAME, 1.0);
         self.next_id += 1;
         self.next_id
     }
@@ -395,6 +411,7 @@ impl State {
         while i < self.slots.len() {
             if self.slots[i].session.is_closed() {
                 out.push(self.slots.swap_remove(i));
+                metrics::pool_sessions(NAME, -1.0);
             } else {
                 i += 1;
             }

@@ -8,14 +8,16 @@ use tokio_postgres::{Client, Statement};
 /// The prepared statements every session carries.
 #[derive(Debug)]
 pub(crate) struct Statements {
-    /// `SELECT CASE WHEN pg_try_advisory_lock($1) THEN nextval('<seq>') END`
+    /// [`TRY_LOCK_SQL`](crate::session::TRY_LOCK_SQL)
     pub(crate) try_lock: Statement,
     /// `SELECT pg_advisory_unlock($1)`
     pub(crate) unlock: Statement,
-    /// `SELECT nextval('<seq>')`
+    /// [`NEXTVAL_SQL`](crate::session::NEXTVAL_SQL)
     pub(crate) nextval: Statement,
     /// `SELECT 1`
     pub(crate) ping: Statement,
+    /// The quoted, qualified name of the fencing sequence, bound to `try_lock` and `nextval`.
+    pub(crate) sequence: String,
 }
 
 /// A probe that does not keep the session's connection open: a session's watcher holds this,

@@ -5,16 +5,33 @@ use std::sync::Arc;
 
 use leasehold_core::Error;
 use tokio::sync::{OnceCell, watch};
+use tokio_postgres::config::{Host, SslMode};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::tls::MakeTlsConnect;
 use tokio_postgres::{CancelToken, Client, NoTls, Socket, Statement};
 
+use crate::NAME;
 use crate::config::PostgresConfig;
 use crate::error::{connect_error, pg_error};
-use crate::key::LockId;
+use crate::key::AdvisoryId;
 use crate::probe::{Probe, Statements, WeakProbe};
-use crate::tls::Tls;
+use crate::tls::{Tls, TlsMode};
 use crate::watch::Watcher;
+
+/// `try_lock`: the lock if free, with a token from the sequence named by `$2` (its quoted,
+/// qualified name, [`PostgresConfig::fence_sequence_sql`], bound as a parameter and cast to
+/// `regclass`: never spliced into the SQL text, so no quoting rule of the server's
+/// (`standard_conforming_strings`) can change what it names).
+pub(crate) const TRY_LOCK_SQL: &str =
+    "SELECT CASE WHEN pg_try_advisory_lock($1::bigint) THEN nextval($2::text::regclass) END";
+/// `try_lock` on a two-key advisory lock (`$1`, `$2`: elections and semaphore permits), the
+/// sequence named by `$3` as in [`TRY_LOCK_SQL`]; prepared on first use.
+pub(crate) const TRY_PAIR_SQL: &str = "SELECT CASE WHEN pg_try_advisory_lock($1::int4, $2::int4) \
+     THEN nextval($3::text::regclass) END";
+/// `pg_advisory_unlock` of a two-key advisory lock.
+const UNLOCK_PAIR_SQL: &str = "SELECT pg_advisory_unlock($1::int4, $2::int4)";
+/// `nextval` of the sequence named by `$1` (as in [`TRY_LOCK_SQL`]).
+pub(crate) const NEXTVAL_SQL: &str = "SELECT nextval($1::text::regclass)";
 
 /// One connection. Dropping it closes the connection, which ends the server session and with
 /// it every advisory lock the session holds.
@@ -28,11 +45,9 @@ pub(crate) struct Session {
     /// The health-check task of this session (see [`Watcher`]); it stops when the
     /// session is dropped.
     pub(crate) watcher: Option<Watcher>,
-    /// The semaphore slot statements (two-`int4` try and unlock), prepared on first use so
-    /// that sessions of lock-only users never prepare them.
+    /// The two-`int4` statements ([`TRY_PAIR_SQL`] and its unlock, for elections and
+    /// semaphores), prepared on first use so that sessions of lock-only users never do.
     pair: OnceCell<(Statement, Statement)>,
-    /// The quoted fencing sequence, for those statements.
-    seq_sql: String,
 }
 
 /// Sends a cancel request for a session's running statement, over TLS if the session uses it.
@@ -52,14 +67,64 @@ impl Canceller {
 
 /// Connects with `cfg`'s settings (TLS as its `sslmode` says) and spawns the connection task;
 /// the receiver turns `true` when it ends.
+///
+/// `prefer` tries TLS first and, as libpq does, connects again without TLS if the server
+/// refuses it or the handshake fails. Before a password goes out without TLS to a host that
+/// is not loopback, [`check_plaintext`] warns or refuses.
 pub(crate) async fn connect(
     cfg: &PostgresConfig,
 ) -> Result<(Client, watch::Receiver<bool>), Error> {
     let connected = match &cfg.tls {
+        Some(tls) if tls.mode == TlsMode::Prefer => {
+            match connect_with(&cfg.pg, tls.connector.clone()).await {
+                Err(e) if is_tls_failure(&e) => {
+                    tracing::debug!(error = %e,
+                        "leasehold-postgres: sslmode=prefer: TLS failed, connecting without it");
+                    check_plaintext(cfg, "sslmode=prefer, and the server refused TLS")?;
+                    let mut plain = cfg.pg.clone();
+                    plain.ssl_mode(SslMode::Disable);
+                    connect_with(&plain, NoTls).await
+                }
+                other => other,
+            }
+        }
         Some(tls) => connect_with(&cfg.pg, tls.connector.clone()).await,
-        None => connect_with(&cfg.pg, NoTls).await,
+        None => {
+            check_plaintext(cfg, "sslmode=disable")?;
+            connect_with(&cfg.pg, NoTls).await
+        }
     };
     connected.map_err(|e| connect_error(cfg, e))
+}
+
+/// Whether connecting failed in the TLS negotiation (the server said it has no TLS, or the
+/// handshake failed): tokio-postgres reports these, and only these, as a TLS error.
+fn is_tls_failure(e: &tokio_postgres::Error) -> bool {
+    e.to_string().starts_with("error performing TLS handshake")
+}
+
+/// A password is about to go without TLS to each TCP host of `cfg` (`how`, for the message):
+/// warns for a host that is not loopback, or refuses with `allow_plaintext_password=false`.
+/// Unix sockets never leave the host.
+pub(crate) fn check_plaintext(cfg: &PostgresConfig, how: &str) -> Result<(), Error> {
+    if cfg.pg.get_password().is_none() {
+        return Ok(());
+    }
+    let addrs = cfg.pg.get_hostaddrs();
+    for (i, host) in cfg.pg.get_hosts().iter().enumerate() {
+        let Host::Tcp(name) = host else { continue };
+        // With `hostaddr`, that address is where the connection goes.
+        let target = addrs
+            .get(i)
+            .map_or_else(|| name.clone(), ToString::to_string);
+        leasehold_core::transport::check_plaintext_password(
+            NAME,
+            &target,
+            &format!("PostgreSQL password without TLS: {how}"),
+            cfg.allow_plaintext_password,
+        )?;
+    }
+    Ok(())
 }
 
 async fn connect_with<T>(
@@ -94,15 +159,10 @@ impl Session {
         sequence_ready
             .get_or_try_init(|| create_sequence(&client, seq_sql))
             .await?;
-        let try_sql = format!(
-            "SELECT CASE WHEN pg_try_advisory_lock($1::bigint) THEN nextval('{}') END",
-            seq_sql.replace('\'', "''")
-        );
-        let nextval_sql = format!("SELECT nextval('{}')", seq_sql.replace('\'', "''"));
         let (try_lock, unlock, nextval, ping) = tokio::try_join!(
-            client.prepare(&try_sql),
+            client.prepare(TRY_LOCK_SQL),
             client.prepare("SELECT pg_advisory_unlock($1::bigint)"),
-            client.prepare(&nextval_sql),
+            client.prepare(NEXTVAL_SQL),
             client.prepare("SELECT 1"),
         )
         .map_err(|e| pg_error("prepare", e))?;
@@ -113,13 +173,18 @@ impl Session {
                 unlock,
                 nextval,
                 ping,
+                sequence: seq_sql.to_owned(),
             }),
             closed,
             tls,
             watcher: None,
             pair: OnceCell::new(),
-            seq_sql: seq_sql.to_owned(),
         })
+    }
+
+    /// The connection, for the election table's statements.
+    pub(crate) fn client(&self) -> &Client {
+        &self.client
     }
 
     pub(crate) fn is_closed(&self) -> bool {
@@ -153,12 +218,20 @@ impl Session {
     }
 
     /// One round trip: the lock if free, with its fencing token; `None` if held elsewhere.
-    pub(crate) async fn try_lock(&self, id: LockId) -> Result<Option<i64>, tokio_postgres::Error> {
+    pub(crate) async fn try_lock(
+        &self,
+        id: AdvisoryId,
+    ) -> Result<Option<i64>, tokio_postgres::Error> {
+        let seq = &self.stmts.sequence;
         let row = match id {
-            LockId::Key(k) => self.client.query_one(&self.stmts.try_lock, &[&k]).await?,
-            LockId::Pair(a, b) => {
+            AdvisoryId::Big(id) => {
+                self.client
+                    .query_one(&self.stmts.try_lock, &[&id, seq])
+                    .await?
+            }
+            AdvisoryId::Pair(a, b) => {
                 let (try_pair, _) = self.pair().await?;
-                self.client.query_one(try_pair, &[&a, &b]).await?
+                self.client.query_one(try_pair, &[&a, &b, seq]).await?
             }
         };
         row.try_get::<_, Option<i64>>(0)
@@ -173,7 +246,7 @@ impl Session {
     /// lock, once granted, outlives the implicit transaction.
     pub(crate) async fn wait_lock(
         &self,
-        id: i64,
+        id: AdvisoryId,
         timeout_ms: u64,
     ) -> Result<(), tokio_postgres::Error> {
         // lock_timeout = 0 would mean "no timeout": never send it.
@@ -185,15 +258,18 @@ impl Session {
 
     /// A fencing token minted after the grant; its round trip also proves the session alive.
     pub(crate) async fn nextval(&self) -> Result<i64, tokio_postgres::Error> {
-        let row = self.client.query_one(&self.stmts.nextval, &[]).await?;
+        let row = self
+            .client
+            .query_one(&self.stmts.nextval, &[&self.stmts.sequence])
+            .await?;
         row.try_get::<_, i64>(0)
     }
 
     /// `pg_advisory_unlock`: `true` if this session held the lock.
-    pub(crate) async fn unlock(&self, id: LockId) -> Result<bool, tokio_postgres::Error> {
+    pub(crate) async fn unlock(&self, id: AdvisoryId) -> Result<bool, tokio_postgres::Error> {
         let row = match id {
-            LockId::Key(k) => self.client.query_one(&self.stmts.unlock, &[&k]).await?,
-            LockId::Pair(a, b) => {
+            AdvisoryId::Big(id) => self.client.query_one(&self.stmts.unlock, &[&id]).await?,
+            AdvisoryId::Pair(a, b) => {
                 let (_, unlock_pair) = self.pair().await?;
                 self.client.query_one(unlock_pair, &[&a, &b]).await?
             }
@@ -201,49 +277,32 @@ impl Session {
         row.try_get::<_, bool>(0)
     }
 
-    /// The semaphore slot statements, prepared on first use.
+    /// The two-`int4` statements, prepared on first use.
     async fn pair(&self) -> Result<&(Statement, Statement), tokio_postgres::Error> {
         self.pair
             .get_or_try_init(|| async {
-                let try_sql = format!(
-                    "SELECT CASE WHEN pg_try_advisory_lock($1::int4, $2::int4) \
-                     THEN nextval('{}') END",
-                    self.seq_sql.replace('\'', "''")
-                );
                 tokio::try_join!(
-                    self.client.prepare(&try_sql),
-                    self.client
-                        .prepare("SELECT pg_advisory_unlock($1::int4, $2::int4)"),
+                    self.client.prepare(TRY_PAIR_SQL),
+                    self.client.prepare(UNLOCK_PAIR_SQL),
                 )
             })
             .await
     }
 
-    /// Runs a statement that is not prepared on every session (the semaphore helpers).
-    pub(crate) async fn query(
-        &self,
-        sql: &str,
-        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
-    ) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
-        self.client.query(sql, params).await
-    }
-
-    /// Runs statements without parameters (the semaphore table's creation).
-    pub(crate) async fn batch(&self, sql: &str) -> Result<(), tokio_postgres::Error> {
-        self.client.batch_execute(sql).await
-    }
-
     /// Runs `SELECT pid FROM pg_locks …` for the holder of `id` (any session).
-    pub(crate) async fn holder_pid(&self, id: i64) -> Result<Option<i32>, tokio_postgres::Error> {
-        let (classid, objid) = crate::key::pg_locks_ids(id);
+    pub(crate) async fn holder_pid(
+        &self,
+        id: AdvisoryId,
+    ) -> Result<Option<i32>, tokio_postgres::Error> {
+        let (classid, objid, objsubid) = id.pg_locks();
         let row = self
             .client
             .query_opt(
                 "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted \
                  AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
-                 AND classid = $1 AND objid = $2 AND objsubid = 1 AND mode = 'ExclusiveLock' \
+                 AND classid = $1 AND objid = $2 AND objsubid = $3 AND mode = 'ExclusiveLock' \
                  LIMIT 1",
-                &[&classid, &objid],
+                &[&classid, &objid, &objsubid],
             )
             .await?;
         row.map(|r| r.try_get::<_, Option<i32>>(0))
@@ -296,18 +355,15 @@ mod tests {
         let (ready, seq) = (OnceCell::new(), cfg.fence_sequence_sql());
         let a = Session::open(&cfg, &seq, &ready).await.unwrap();
         let b = Session::open(&cfg, &seq, &ready).await.unwrap();
-        let id: i64 = rand::random();
-        assert!(b.try_lock(LockId::Key(id)).await.unwrap().is_some());
+        let id = AdvisoryId::Big(rand::random());
+        assert!(b.try_lock(id).await.unwrap().is_some());
         assert_eq!(a.show("lock_timeout").await.unwrap(), "0");
 
         // Timed out: not granted, and the SET was rolled back with the implicit transaction.
         let e = a.wait_lock(id, 100).await.unwrap_err();
         assert!(is_lock_timeout(&e), "{e}");
         assert_eq!(a.show("lock_timeout").await.unwrap(), "0");
-        assert!(
-            !a.unlock(LockId::Key(id)).await.unwrap(),
-            "a timed-out wait left a lock"
-        );
+        assert!(!a.unlock(id).await.unwrap(), "a timed-out wait left a lock");
 
         // A budget of 0 ms waits 1 ms: it must not mean "lock_timeout = 0 = forever".
         let r = tokio::time::timeout(Duration::from_secs(5), a.wait_lock(id, 0)).await;
@@ -317,17 +373,17 @@ mod tests {
         let waiting = a.wait_lock(id, 5_000);
         let release = async {
             tokio::time::sleep(Duration::from_millis(200)).await;
-            b.unlock(LockId::Key(id)).await
+            b.unlock(id).await
         };
         let (w, r) = tokio::join!(waiting, release);
         w.unwrap();
         assert!(r.unwrap());
         assert_eq!(a.show("lock_timeout").await.unwrap(), "0");
         assert!(
-            b.try_lock(LockId::Key(id)).await.unwrap().is_none(),
+            b.try_lock(id).await.unwrap().is_none(),
             "the granted lock is not held"
         );
-        assert!(a.unlock(LockId::Key(id)).await.unwrap());
-        assert!(!a.unlock(LockId::Key(id)).await.unwrap(), "held twice");
+        assert!(a.unlock(id).await.unwrap());
+        assert!(!a.unlock(id).await.unwrap(), "held twice");
     }
 }

@@ -1,4 +1,5 @@
-//! TLS over rustls (ring provider): `sslmode=require|verify-ca|verify-full`, `sslrootcert`.
+//! TLS over rustls (ring provider): `sslmode=prefer|require|verify-ca|verify-full`,
+//! `sslrootcert`.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -22,8 +23,11 @@ use crate::NAME;
 /// [`PostgresConfig`]: crate::PostgresConfig
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum TlsMode {
-    /// No TLS (`disable`, `allow`, `prefer`).
+    /// No TLS (`disable`, `allow`).
     Off,
+    /// TLS first, the certificate not checked; plaintext if the server refuses TLS or the
+    /// handshake fails, as libpq does (`prefer`, the default).
+    Prefer,
     /// Encrypted, the certificate not checked at all (`require` without `sslrootcert`).
     Require,
     /// Encrypted, the certificate chains to a trusted root; its name is not checked.
@@ -35,7 +39,8 @@ pub(crate) enum TlsMode {
 impl TlsMode {
     pub(crate) fn parse(value: &str) -> Result<Self, Error> {
         match value {
-            "disable" | "allow" | "prefer" => Ok(Self::Off),
+            "disable" | "allow" => Ok(Self::Off),
+            "prefer" => Ok(Self::Prefer),
             "require" => Ok(Self::Require),
             "verify-ca" => Ok(Self::VerifyCa),
             "verify-full" => Ok(Self::VerifyFull),
@@ -48,6 +53,7 @@ impl TlsMode {
     pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::Off => "disable",
+            Self::Prefer => "prefer",
             Self::Require => "require",
             Self::VerifyCa => "verify-ca",
             Self::VerifyFull => "verify-full",
@@ -93,7 +99,7 @@ pub(crate) fn build(mode: TlsMode, roots: &Roots) -> Result<Option<Tls>, Error> 
     let algorithms = provider.signature_verification_algorithms;
     let verifier: Arc<dyn ServerCertVerifier> = match mode {
         TlsMode::Off => return Ok(None),
-        TlsMode::Require => Arc::new(Lenient {
+        TlsMode::Prefer | TlsMode::Require => Arc::new(Lenient {
             chain: None,
             algorithms,
         }),

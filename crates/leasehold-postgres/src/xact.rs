@@ -48,14 +48,14 @@ impl PostgresBackend {
         wait: Duration,
     ) -> Result<Option<FencingToken>, Error> {
         let id = self.lock_id(key);
-        let seq = self.config().fence_sequence_sql().replace('\'', "''");
+        // The sequence's name is bound and cast to regclass, never spliced into the SQL.
+        let seq = self.config().fence_sequence_sql();
         let deadline = Instant::now().checked_add(wait);
         let row = tx
             .query_typed_one(
-                &format!(
-                    "SELECT CASE WHEN pg_try_advisory_xact_lock($1) THEN nextval('{seq}') END"
-                ),
-                &[(&id, Type::INT8)],
+                "SELECT CASE WHEN pg_try_advisory_xact_lock($1) \
+                 THEN nextval($2::text::regclass) END",
+                &[(&id, Type::INT8), (&seq, Type::TEXT)],
             )
             .await
             .map_err(|e| pg_error("pg_try_advisory_xact_lock", e))?;
@@ -91,8 +91,9 @@ impl PostgresBackend {
                     .map_err(|e| pg_error("release savepoint", e))?;
                 let row = tx
                     .query_typed_one(
-                        &format!("SELECT set_config('lock_timeout', $1, true), nextval('{seq}')"),
-                        &[(&prev, Type::TEXT)],
+                        "SELECT set_config('lock_timeout', $1, true), \
+                         nextval($2::text::regclass)",
+                        &[(&prev, Type::TEXT), (&seq, Type::TEXT)],
                     )
                     .await
                     .map_err(|e| pg_error("nextval", e))?;

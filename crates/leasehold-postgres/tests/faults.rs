@@ -287,7 +287,11 @@ async fn key_sql_matches_and_raw_sql_lock_blocks_us() -> TestResult {
         assert_eq!(row.get::<_, i64>(0), advisory_key(name), "{name}");
     }
     let app = unique_prefix("pg-rawsql");
-    let backend = PostgresBackend::new(common::config(pg.url(), &app)?.with_prefix("svc/")?);
+    let backend = PostgresBackend::new(
+        common::config(pg.url(), &app)?
+            .with_prefix("svc/")?
+            .with_advisory_keys(true),
+    );
     let key = format!("{app}/k");
     // The documented mapping: advisory_key(prefix + key), computed by the server.
     admin

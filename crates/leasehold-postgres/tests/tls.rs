@@ -7,18 +7,18 @@ mod common;
 use std::path::PathBuf;
 
 use leasehold_core::{ErrorKind, LockKey, Locker};
-use leasehold_postgres::{PostgresBackend, PostgresConfig};
+use leasehold_postgres::{PostgresBackend, PostgresConfig, PostgresFenceStore};
 use leasehold_test_support::require_service;
 use leasehold_test_support::services::{self, Service, unique_prefix};
 use tokio_postgres::Client;
 
-/// The CA file, or a failure under CI / a skip locally (like `require_service!`).
+/// The CA file, or a failure / a skip where allowed (like `require_service!`).
 fn ca() -> Option<PathBuf> {
     let ca = services::tls_ca();
     if ca.is_none() {
         assert!(
-            !services::is_ci(),
-            "{} not set under CI: run scripts/services up",
+            services::may_skip(),
+            "{} not set: run scripts/services up",
             services::TLS_CA_VAR
         );
         eprintln!(
@@ -173,17 +173,128 @@ async fn require_encrypts_without_verifying_and_disable_stays_plain() -> Result<
     assert!(sessions_use_tls(&admin, &app).await?, "require: not TLS");
     drop(backend);
 
-    for mode in ["disable", "prefer"] {
-        let app = unique_prefix("pg-tls-off");
-        let cfg = common::config(&url_with(pg.url(), &format!("sslmode={mode}")), &app)?;
-        assert_eq!(cfg.ssl_mode(), "disable");
+    let app = unique_prefix("pg-tls-off");
+    let cfg = common::config(&url_with(pg.url(), "sslmode=disable"), &app)?;
+    assert_eq!(cfg.ssl_mode(), "disable");
+    let backend = PostgresBackend::connect(cfg).await?;
+    lock_cycle(backend.clone(), &format!("{app}/k")).await?;
+    assert!(
+        !sessions_use_tls(&admin, &app).await?,
+        "sslmode=disable used TLS"
+    );
+    drop(backend);
+    Ok(())
+}
+
+/// libpq's `prefer`: TLS first. Earlier versions read `prefer` (and no `sslmode` at all) as
+/// "no TLS", so a default connection sent its password in clear.
+#[tokio::test]
+async fn prefer_and_the_default_try_tls_first() -> Result<(), common::BoxError> {
+    let pg = require_service!(Service::Postgres, Ok(()));
+    let admin = common::admin(pg.url()).await?;
+    for url in [pg.url().to_owned(), url_with(pg.url(), "sslmode=prefer")] {
+        let app = unique_prefix("pg-tls-prefer");
+        let cfg = common::config(&url, &app)?;
+        assert_eq!(cfg.ssl_mode(), "prefer");
         let backend = PostgresBackend::connect(cfg).await?;
         lock_cycle(backend.clone(), &format!("{app}/k")).await?;
-        assert!(
-            !sessions_use_tls(&admin, &app).await?,
-            "sslmode={mode} used TLS"
-        );
-        drop(backend);
+        assert!(sessions_use_tls(&admin, &app).await?, "{url}: not TLS");
     }
+    Ok(())
+}
+
+/// `prefer` against a server without TLS (pgbouncer here) connects in plaintext, as libpq
+/// does; to a loopback address that is not even a warning.
+#[tokio::test]
+async fn prefer_falls_back_to_plaintext_when_the_server_has_no_tls() -> Result<(), common::BoxError>
+{
+    let bouncer = require_service!(Service::PgBouncer, Ok(()));
+    let logs = leasehold_test_support::logs::capture();
+    let url = url_with(
+        bouncer.url(),
+        "sslmode=prefer&allow_plaintext_password=false",
+    );
+    let store =
+        PostgresFenceStore::connect(&url, &unique_prefix("pg_prefer").replace('-', "_")).await?;
+    let token = leasehold_core::FencingToken::new(3);
+    assert_eq!(
+        leasehold_core::FenceStore::admit(&store, "r", token).await?,
+        leasehold_core::Admission::Accepted
+    );
+    assert!(!logs.text().contains("in clear"), "{}", logs.text());
+    // `require` does not fall back.
+    let err = PostgresFenceStore::connect(&url_with(bouncer.url(), "sslmode=require"), "t")
+        .await
+        .err()
+        .ok_or("require connected without TLS")?;
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    Ok(())
+}
+
+/// The fence store connects with the driver's TLS, as the backend does.
+#[tokio::test]
+async fn the_fence_store_uses_tls() -> Result<(), common::BoxError> {
+    let pg = require_service!(Service::Postgres, Ok(()));
+    let Some(ca) = ca() else { return Ok(()) };
+    let admin = common::admin(pg.url()).await?;
+    for params in [
+        String::new(),
+        format!("sslmode=verify-full&sslrootcert={}", ca.display()),
+    ] {
+        let app = unique_prefix("pg-tls-fence");
+        let url = url_with(pg.url(), &format!("application_name={app}&{params}"));
+        let table = app.replace('-', "_");
+        let _store = PostgresFenceStore::connect(&url, &table).await?;
+        assert!(sessions_use_tls(&admin, &app).await?, "{params}: not TLS");
+    }
+    Ok(())
+}
+
+/// A password about to go in clear to a host that is not loopback: a warning by default,
+/// a refusal (before anything is sent) with `allow_plaintext_password=false`; neither quotes
+/// the password. To a loopback address, neither.
+#[tokio::test]
+async fn a_password_in_clear_to_a_remote_host_warns_or_is_refused() -> Result<(), common::BoxError>
+{
+    let pg = require_service!(Service::Postgres, Ok(()));
+    // 192.0.2.1 (TEST-NET-1) is never routed: the warning comes before the connect fails.
+    let remote = "postgres://u:hunter2@192.0.2.1:5432/db?sslmode=disable&connect_timeout=1";
+    let logs = leasehold_test_support::logs::capture();
+    let err = PostgresBackend::connect(PostgresConfig::from_url(remote)?)
+        .await
+        .err()
+        .ok_or("connected to TEST-NET-1")?;
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    let text = logs.text();
+    assert!(
+        text.contains("in clear") && text.contains("192.0.2.1"),
+        "{text}"
+    );
+    assert!(!text.contains("hunter2"), "{text}");
+
+    let refused = format!("{remote}&allow_plaintext_password=false");
+    let started = std::time::Instant::now();
+    let err = PostgresBackend::connect(PostgresConfig::from_url(&refused)?)
+        .await
+        .err()
+        .ok_or("connected to TEST-NET-1")?;
+    assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{err}");
+    assert!(
+        err.to_string().contains("allow_plaintext_password"),
+        "{err}"
+    );
+    assert!(!err.to_string().contains("hunter2"), "{err}");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(1),
+        "it tried to connect"
+    );
+
+    // Loopback: plaintext with a password is allowed silently, even when refusing remotes.
+    let logs = leasehold_test_support::logs::capture();
+    let app = unique_prefix("pg-plain-loop");
+    let url = url_with(pg.url(), "sslmode=disable&allow_plaintext_password=false");
+    let backend = PostgresBackend::connect(common::config(&url, &app)?).await?;
+    lock_cycle(backend, &format!("{app}/k")).await?;
+    assert!(!logs.text().contains("in clear"), "{}", logs.text());
     Ok(())
 }

@@ -76,3 +76,41 @@ async fn xact_lock_lives_and_dies_with_the_transaction() -> Result<(), common::B
     assert!(lease.release().await?);
     Ok(())
 }
+
+/// The fencing sequence's name is bound (`$n::text::regclass`), never spliced into an SQL
+/// string literal: with `standard_conforming_strings = off` a backslash in a quoted literal is
+/// an escape, so a name ending in `\` used to turn `nextval('"public"."s\"')` into another
+/// name (and a crafted name into SQL of its choosing). Session and transaction mode both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sequence_name_is_bound_not_spliced() -> Result<(), common::BoxError> {
+    let pg = require_service!(Service::Postgres, Ok(()));
+    let app = unique_prefix("pg-regclass");
+    let sep = if pg.url().contains('?') { '&' } else { '?' };
+    let url = format!(
+        "{}{sep}options=-c%20standard_conforming_strings%3Doff",
+        pg.url()
+    );
+    let sequence = format!("{}\\", app.replace('-', "_"));
+    let cfg = common::config(&url, &app)?.with_fence_sequence("public", sequence.as_str())?;
+    let backend = PostgresBackend::new(cfg);
+    let key = LockKey::new(format!("{app}/k"))?;
+    let lease = Locker::new(backend.clone())
+        .try_acquire(&key)
+        .await?
+        .ok_or("free key not granted")?;
+    let first = lease.fencing_token().ok_or("no token")?;
+    assert!(lease.release().await?);
+
+    let mut client = common::client(&url).await?;
+    let tx = client.transaction().await?;
+    let second = backend
+        .lock_xact(&tx, &key, Duration::ZERO)
+        .await?
+        .ok_or("free key not granted")?;
+    assert!(second > first, "{second} after {first}");
+    tx.rollback().await?;
+    client
+        .batch_execute(&format!("DROP SEQUENCE \"public\".\"{sequence}\""))
+        .await?;
+    Ok(())
+}

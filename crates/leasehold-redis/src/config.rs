@@ -8,19 +8,27 @@ use redis::{ConnectionInfo, IntoConnectionInfo, ProtocolVersion};
 
 use crate::keys::{DEFAULT_PREFIX, check_prefix};
 use crate::options::{
-    CA, CONNECT_TIMEOUT_MS, FAIR_QUEUE_MS, MIN_VALIDITY_MS, NODE_TIMEOUT_MS, PREFIX, REDIS_OPTIONS,
-    REDLOCK_OPTIONS, RESPONSE_TIMEOUT_MS, UrlOptions, WAIT_INITIAL_MS, WAIT_MAX_MS,
+    ALLOW_PLAINTEXT_PASSWORD, CA, CONNECT_TIMEOUT_MS, FAIR_QUEUE_MS, FENCE_TTL_MS, MIN_VALIDITY_MS,
+    NODE_TIMEOUT_MS, PREFIX, REDIS_OPTIONS, REDLOCK_OPTIONS, REPLICA_SYNC, REPLICA_SYNC_TIMEOUT_MS,
+    RESPONSE_TIMEOUT_MS, SENTINEL_OPTIONS, SENTINEL_PASSWORD, SENTINEL_USER, UrlOptions,
+    WAIT_INITIAL_MS, WAIT_MAX_MS,
 };
+use crate::sentinel::{SENTINEL_SCHEMES, SentinelTarget};
 
 /// Every URL scheme of this driver: [`RedisBackend`](crate::RedisBackend) on one server
 /// (`redis`, `rediss` for TLS, `redis+unix`, `unix`) or on a Redis Cluster given its seed nodes
-/// (`redis-cluster://[user:password@]host:port,host:port,…`), and [`REDLOCK_SCHEMES`].
+/// (`redis-cluster://[user:password@]host:port,host:port,…`, `rediss-cluster://…` over TLS) or
+/// on the master that Redis Sentinel names (`redis+sentinel://`, `rediss+sentinel://`; see the
+/// crate docs), and [`REDLOCK_SCHEMES`].
 pub const SCHEMES: &[&str] = &[
     "redis",
     "rediss",
     "redis+unix",
     "unix",
     "redis-cluster",
+    "rediss-cluster",
+    "redis+sentinel",
+    "rediss+sentinel",
     "redlock",
 ];
 
@@ -41,11 +49,23 @@ pub(crate) fn install_crypto_provider() {
 }
 
 /// Reads a PEM CA file for `rediss://` connections.
+/// The `allow_plaintext_password` option (default `true`: warn only).
+fn plaintext_allowed(backend: &'static str, o: &UrlOptions) -> Result<bool, Error> {
+    o.get(ALLOW_PLAINTEXT_PASSWORD).map_or(Ok(true), |v| {
+        leasehold_core::transport::parse_allow_plaintext(backend, v)
+    })
+}
+
 fn read_ca(backend: &'static str, path: &std::path::Path) -> Result<Vec<u8>, Error> {
     std::fs::read(path).map_err(|e| {
         invalid(
             backend,
-            format!("cannot read the TLS CA file {}: {e}", path.display()),
+            // Through `redact`: the path is a URL option's value, where the rest of the
+            // query can hide (`?ca=/x?password=…`).
+            format!(
+                "cannot read the TLS CA file {}: {e}",
+                redact(&path.display().to_string())
+            ),
         )
     })
 }
@@ -79,6 +99,24 @@ impl Server {
             info,
             redacted,
         })
+    }
+
+    /// Before a password goes to this server without TLS: warns, or refuses unless `allow`,
+    /// when the server is not on loopback (see [`leasehold_core::transport`]). Unix sockets
+    /// and TLS connections pass.
+    pub(crate) fn check_plaintext(&self, backend: &'static str, allow: bool) -> Result<(), Error> {
+        let settings = self.info.redis_settings();
+        match self.info.addr() {
+            redis::ConnectionAddr::Tcp(host, _) if settings.password().is_some() => {
+                leasehold_core::transport::check_plaintext_password(
+                    backend,
+                    host,
+                    "a Redis password over redis:// without TLS",
+                    allow,
+                )
+            }
+            _ => Ok(()),
+        }
     }
 
     /// Whether the URL asks for TLS (`rediss://`).
@@ -133,9 +171,22 @@ pub(crate) enum Deployment {
     Server(Box<Server>),
     /// A Redis Cluster, by its seed nodes.
     Cluster(Vec<Server>),
+    /// The master that Redis Sentinel names.
+    Sentinel(Box<SentinelTarget>),
 }
 
 impl Deployment {
+    /// [`Server::check_plaintext`] of every server.
+    fn check_plaintext(&self, allow: bool) -> Result<(), Error> {
+        match self {
+            Self::Server(s) => s.check_plaintext(REDIS, allow),
+            Self::Cluster(seeds) => seeds
+                .iter()
+                .try_for_each(|s| s.check_plaintext(REDIS, allow)),
+            Self::Sentinel(t) => t.check_plaintext(REDIS, allow),
+        }
+    }
+
     fn redacted(&self) -> String {
         match self {
             Self::Server(s) => s.redacted.clone(),
@@ -143,6 +194,7 @@ impl Deployment {
                 let urls: Vec<&str> = seeds.iter().map(|s| s.redacted.as_str()).collect();
                 format!("cluster [{}]", urls.join(", "))
             }
+            Self::Sentinel(t) => t.redacted.clone(),
         }
     }
 
@@ -154,6 +206,7 @@ impl Deployment {
                 let names: Vec<&str> = seeds.iter().map(|s| s.name.as_str()).collect();
                 format!("cluster {}", names.join(","))
             }
+            Self::Sentinel(t) => t.name(),
         }
     }
 }
@@ -166,6 +219,8 @@ fn split_hosts(backend: &'static str, url: &str, scheme: &str) -> Result<Vec<Str
             format!("{}: expected a URL starting with {scheme}", redact(url)),
         )
     })?;
+    // The seeds of `rediss-cluster://` speak TLS.
+    let seed = scheme.strip_suffix("-cluster://").unwrap_or("redis");
     let hosts_end = rest.find(['/', '?']).unwrap_or(rest.len());
     let (authority, tail) = rest.split_at(hosts_end);
     let (userinfo, hosts) = match authority.rfind('@') {
@@ -175,7 +230,7 @@ fn split_hosts(backend: &'static str, url: &str, scheme: &str) -> Result<Vec<Str
     let urls: Vec<String> = hosts
         .split(',')
         .filter(|h| !h.is_empty())
-        .map(|h| format!("redis://{userinfo}{h}{tail}"))
+        .map(|h| format!("{seed}://{userinfo}{h}{tail}"))
         .collect();
     if urls.is_empty() {
         return Err(invalid(backend, format!("{}: no host given", redact(url))));
@@ -189,11 +244,18 @@ pub struct RedisConfig {
     pub(crate) deployment: Deployment,
     pub(crate) tls_ca: Option<Vec<u8>>,
     pub(crate) fair: Option<Duration>,
+    pub(crate) fence_ttl: Option<Duration>,
     pub(crate) prefix: String,
     pub(crate) connect_timeout: Duration,
     pub(crate) response_timeout: Duration,
     pub(crate) wait_backoff: Backoff,
+    /// Replicas that must have a grant before it counts, and how long to wait for them.
+    pub(crate) replica_sync: Option<(usize, Duration)>,
 }
+
+/// The default of [`RedisConfig::with_replica_sync`]'s timeout (URL option
+/// `replica_sync_timeout_ms`).
+pub const DEFAULT_REPLICA_SYNC_TIMEOUT: Duration = Duration::from_millis(200);
 
 impl fmt::Debug for RedisConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -201,10 +263,12 @@ impl fmt::Debug for RedisConfig {
             .field("url", &self.deployment.redacted())
             .field("tls_ca", &self.tls_ca.as_ref().map(|_| "<PEM>"))
             .field("fair_queue_grace", &self.fair)
+            .field("fence_ttl", &self.fence_ttl)
             .field("prefix", &self.prefix)
             .field("connect_timeout", &self.connect_timeout)
             .field("response_timeout", &self.response_timeout)
             .field("wait_backoff", &self.wait_backoff)
+            .field("replica_sync", &self.replica_sync)
             .finish()
     }
 }
@@ -212,7 +276,7 @@ impl fmt::Debug for RedisConfig {
 impl RedisConfig {
     /// From a `redis://[user:password@]host[:port][/db]` (or `redis+unix:///path`) URL, or a
     /// `redis-cluster://[user:password@]host:port,host:port,…` URL of a Redis Cluster's seed
-    /// nodes, with the default prefix `leasehold:`, a 1 s connect timeout and a 1 s response
+    /// nodes (`rediss-cluster://…` over TLS), with the default prefix `leasehold:`, a 1 s connect timeout and a 1 s response
     /// timeout.
     ///
     /// leasehold's own query options (the other query options are redis-rs's):
@@ -224,11 +288,34 @@ impl RedisConfig {
     /// | `fair_queue_ms=GRACE` | [fair mode](Self::with_fair_queue), grace in ms (at least 100) |
     /// | `connect_timeout_ms=N`, `response_timeout_ms=N` | [`with_timeouts`](Self::with_timeouts) |
     /// | `wait_initial_ms=N`, `wait_max_ms=N` | [`with_wait_backoff`](Self::with_wait_backoff) |
+    /// | `allow_plaintext_password=false` | refuse a password sent without TLS (`redis://`) to a server that is not loopback; by default that only logs a warning (see [`leasehold_core::transport`]) |
+    /// | `fence_ttl_ms=N` | [`with_fence_ttl`](Self::with_fence_ttl) |
+    ///
+    /// `redis+sentinel://` and `rediss+sentinel://` URLs also take `sentinel_user=U` and
+    /// `sentinel_password=P`, the sentinels' own login (see the crate docs).
     pub fn from_url(url: &str) -> Result<Self, Error> {
-        let (url, options) = UrlOptions::take(REDIS, url, REDIS_OPTIONS)?;
+        let sentinel = SENTINEL_SCHEMES
+            .iter()
+            .any(|s| url.strip_prefix(s).is_some_and(|r| r.starts_with("://")));
+        let names = if sentinel {
+            SENTINEL_OPTIONS
+        } else {
+            REDIS_OPTIONS
+        };
+        let (url, options) = UrlOptions::take(REDIS, url, names)?;
         let url = url.as_str();
-        let deployment = if url.starts_with("redis-cluster://") {
-            let seeds = split_hosts(REDIS, url, "redis-cluster://")?
+        let cluster = ["redis-cluster://", "rediss-cluster://"]
+            .into_iter()
+            .find(|s| url.starts_with(s));
+        let deployment = if sentinel {
+            Deployment::Sentinel(Box::new(SentinelTarget::parse(
+                REDIS,
+                url,
+                options.get(SENTINEL_USER),
+                options.get(SENTINEL_PASSWORD),
+            )?))
+        } else if let Some(scheme) = cluster {
+            let seeds = split_hosts(REDIS, url, scheme)?
                 .iter()
                 .map(|u| Server::parse(REDIS, u))
                 .collect::<Result<Vec<_>, _>>()?;
@@ -236,6 +323,7 @@ impl RedisConfig {
         } else {
             Deployment::Server(Box::new(Server::parse(REDIS, url)?))
         };
+        deployment.check_plaintext(plaintext_allowed(REDIS, &options)?)?;
         Self::with_deployment(deployment).with_url_options(&options)
     }
 
@@ -249,6 +337,9 @@ impl RedisConfig {
         if let Some(grace) = o.millis(FAIR_QUEUE_MS)? {
             self = self.with_fair_queue(grace)?;
         }
+        if let Some(ttl) = o.millis(FENCE_TTL_MS)? {
+            self = self.with_fence_ttl(ttl)?;
+        }
         let connect = o
             .millis(CONNECT_TIMEOUT_MS)?
             .unwrap_or(self.connect_timeout);
@@ -261,9 +352,42 @@ impl RedisConfig {
                 .unwrap_or(self.wait_backoff.initial),
             max: o.millis(WAIT_MAX_MS)?.unwrap_or(self.wait_backoff.max),
         };
+        if let Some(n) = o.get(REPLICA_SYNC) {
+            let n = n.parse().map_err(|_| {
+                invalid(
+                    REDIS,
+                    format!("`{REPLICA_SYNC}={n}` is not a number of replicas"),
+                )
+            })?;
+            let timeout = o
+                .millis(REPLICA_SYNC_TIMEOUT_MS)?
+                .unwrap_or(DEFAULT_REPLICA_SYNC_TIMEOUT);
+            self = self.with_replica_sync(n, timeout)?;
+        }
         Ok(self
             .with_timeouts(connect, response)
             .with_wait_backoff(backoff))
+    }
+
+    /// Counts a grant only once `replicas` replicas have it (`WAIT replicas timeout` after each
+    /// acquisition, on a connection of its own); when fewer acknowledge it within `timeout`,
+    /// the grant is given back and the acquisition fails with a retryable error. Off by
+    /// default: see the crate docs, "Redis Sentinel". Not for a Redis Cluster.
+    pub fn with_replica_sync(mut self, replicas: usize, timeout: Duration) -> Result<Self, Error> {
+        if replicas == 0 || timeout.is_zero() {
+            return Err(invalid(
+                REDIS,
+                "replica sync needs at least one replica and a timeout above zero",
+            ));
+        }
+        if matches!(self.deployment, Deployment::Cluster(_)) {
+            return Err(invalid(
+                REDIS,
+                "replica sync is not supported on a Redis Cluster",
+            ));
+        }
+        self.replica_sync = Some((replicas, timeout));
+        Ok(self)
     }
 
     /// A Redis Cluster, from the `redis://` URLs of some of its nodes (seeds).
@@ -282,7 +406,9 @@ impl RedisConfig {
                 "a Redis Cluster needs at least one seed node",
             ));
         }
-        Ok(Self::with_deployment(Deployment::Cluster(seeds)))
+        let deployment = Deployment::Cluster(seeds);
+        deployment.check_plaintext(true)?;
+        Ok(Self::with_deployment(deployment))
     }
 
     fn with_deployment(deployment: Deployment) -> Self {
@@ -290,6 +416,7 @@ impl RedisConfig {
             deployment,
             tls_ca: None,
             fair: None,
+            fence_ttl: None,
             prefix: DEFAULT_PREFIX.to_owned(),
             connect_timeout: Duration::from_secs(1),
             response_timeout: Duration::from_secs(1),
@@ -297,6 +424,7 @@ impl RedisConfig {
                 initial: Duration::from_millis(50),
                 max: Duration::from_secs(1),
             },
+            replica_sync: None,
         }
     }
 
@@ -380,6 +508,16 @@ impl RedlockConfig {
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
+        Self::from_urls_checked(urls, true)
+    }
+
+    /// [`from_urls`](Self::from_urls), refusing a password in clear to a remote node unless
+    /// `allow_plaintext` (warning otherwise).
+    fn from_urls_checked<I, S>(urls: I, allow_plaintext: bool) -> Result<Self, Error>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
         let servers = urls
             .into_iter()
             .map(|u| Server::parse(REDLOCK, u.as_ref()))
@@ -393,6 +531,9 @@ impl RedlockConfig {
                     servers.len()
                 ),
             ));
+        }
+        for server in &servers {
+            server.check_plaintext(REDLOCK, allow_plaintext)?;
         }
         for (i, a) in servers.iter().enumerate() {
             if let Some(b) = servers[..i].iter().find(|b| {
@@ -428,9 +569,11 @@ impl RedlockConfig {
     /// | `node_timeout_ms=N` | [`with_node_timeout`](Self::with_node_timeout) |
     /// | `connect_timeout_ms=N` | [`with_connect_timeout`](Self::with_connect_timeout) |
     /// | `min_validity_ms=N` | [`with_min_validity`](Self::with_min_validity) |
+    /// | `allow_plaintext_password=false` | refuse a password sent without TLS to a node that is not loopback (by default: a warning, per node) |
     pub fn from_url(url: &str) -> Result<Self, Error> {
         let (url, o) = UrlOptions::take(REDLOCK, url, REDLOCK_OPTIONS)?;
-        let mut config = Self::from_urls(split_hosts(REDLOCK, &url, "redlock://")?)?;
+        let allow = plaintext_allowed(REDLOCK, &o)?;
+        let mut config = Self::from_urls_checked(split_hosts(REDLOCK, &url, "redlock://")?, allow)?;
         if let Some(prefix) = o.get(PREFIX) {
             config = config.with_prefix(prefix)?;
         }
@@ -517,119 +660,5 @@ impl RedlockConfig {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn passwords_never_show() {
-        assert_eq!(
-            redact("redis://user:s3cret@h:1/0"),
-            "redis://user:***@h:1/0"
-        );
-        assert_eq!(redact("redis://:s3cret@h:1"), "redis://:***@h:1");
-        assert_eq!(
-            redact("redis://h:1/0?password=s3cret"),
-            "redis://h:1/0?password=***"
-        );
-        let c = RedisConfig::from_url("redis://user:s3cret@127.0.0.1:1/2").unwrap();
-        assert!(!format!("{c:?}").contains("s3cret"));
-        let r = RedlockConfig::from_url("redlock://u:s3cret@127.0.0.1:1,127.0.0.1:2,127.0.0.1:3")
-            .unwrap();
-        assert_eq!(r.nodes(), 3);
-        assert_eq!(r.quorum(), 2);
-        assert!(!format!("{r:?}").contains("s3cret"));
-        let bad = RedisConfig::from_url("redis://u:s3cret@[::1")
-            .err()
-            .unwrap();
-        assert!(!bad.to_string().contains("s3cret"), "{bad}");
-    }
-
-    #[test]
-    fn fair_mode_is_a_url_option() -> Result<(), Error> {
-        let c = RedisConfig::from_url("redis://127.0.0.1:1/2?fair_queue_ms=750")?;
-        assert_eq!(c.fair, Some(Duration::from_millis(750)));
-        assert_eq!(c.redacted_url(), "redis://127.0.0.1:1/2");
-        let c = RedisConfig::from_url("redis://127.0.0.1:1?protocol=resp3&fair_queue_ms=200")?;
-        assert_eq!(c.fair, Some(Duration::from_millis(200)));
-        assert_eq!(c.redacted_url(), "redis://127.0.0.1:1?protocol=resp3");
-        let c = RedisConfig::from_url("redis-cluster://127.0.0.1:1,127.0.0.1:2?fair_queue_ms=100")?;
-        assert_eq!(c.fair, Some(Duration::from_millis(100)));
-        assert_eq!(RedisConfig::from_url("redis://127.0.0.1:1")?.fair, None);
-        for bad in ["fair_queue_ms=50", "fair_queue_ms=soon", "fair_queue_ms="] {
-            let e = RedisConfig::from_url(&format!("redis://127.0.0.1:1?{bad}"))
-                .err()
-                .map(|e| e.kind());
-            assert_eq!(e, Some(ErrorKind::InvalidConfig), "{bad}");
-        }
-        Ok(())
-    }
-
-    #[test]
-    fn every_option_is_a_url_option() -> Result<(), Error> {
-        let ca =
-            std::env::temp_dir().join(format!("leasehold-redis-ca-{}.pem", std::process::id()));
-        std::fs::write(&ca, b"-----BEGIN CERTIFICATE-----\n")
-            .map_err(|e| invalid(REDIS, e.to_string()))?;
-        let url = format!(
-            "rediss://127.0.0.1:1/3?prefix=app%3A&ca={}&connect_timeout_ms=7&protocol=resp3\
-             &response_timeout_ms=8&wait_initial_ms=9&wait_max_ms=900",
-            ca.display()
-        );
-        let c = RedisConfig::from_url(&url)?;
-        assert_eq!(c.prefix, "app:");
-        assert!(c.tls_ca.is_some());
-        assert_eq!(c.connect_timeout, Duration::from_millis(7));
-        assert_eq!(c.response_timeout, Duration::from_millis(8));
-        assert_eq!(c.wait_backoff.initial, Duration::from_millis(9));
-        assert_eq!(c.wait_backoff.max, Duration::from_millis(900));
-        // What is not ours stays for redis-rs.
-        assert_eq!(c.redacted_url(), "rediss://127.0.0.1:1/3?protocol=resp3");
-        let r = RedlockConfig::from_url(&format!(
-            "redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3/1?prefix=p:&ca={}&node_timeout_ms=20\
-             &connect_timeout_ms=30&min_validity_ms=40",
-            ca.display()
-        ))?;
-        let _ = std::fs::remove_file(&ca);
-        assert_eq!(r.prefix, "p:");
-        assert!(r.tls_ca.is_some());
-        assert_eq!(r.node_timeout, Some(Duration::from_millis(20)));
-        assert_eq!(r.connect_timeout, Duration::from_millis(30));
-        assert_eq!(r.min_validity, Duration::from_millis(40));
-        for bad in [
-            "redis://127.0.0.1:1?connect_timeout_ms=soon",
-            "redis://127.0.0.1:1?prefix=a{b",
-            "redis://127.0.0.1:1?ca=/nonexistent/ca.pem",
-            "redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3?node_timeout_ms=-1",
-        ] {
-            let e = RedisConfig::from_url(bad)
-                .err()
-                .or_else(|| RedlockConfig::from_url(bad).err())
-                .map(|e| e.kind());
-            assert_eq!(e, Some(ErrorKind::InvalidConfig), "{bad}");
-        }
-        Ok(())
-    }
-
-    #[test]
-    fn redlock_rejects_too_few_and_duplicate_nodes() {
-        let few = RedlockConfig::from_url("redlock://127.0.0.1:1,127.0.0.1:2")
-            .err()
-            .unwrap();
-        assert_eq!(few.kind(), ErrorKind::InvalidConfig);
-        assert!(few.to_string().contains("at least 3"), "{few}");
-        let dup = RedlockConfig::from_urls([
-            "redis://127.0.0.1:1",
-            "redis://127.0.0.1:2",
-            "redis://127.0.0.1:1",
-        ])
-        .err()
-        .unwrap();
-        assert!(dup.to_string().contains("listed twice"), "{dup}");
-        assert!(
-            RedisConfig::from_url("redis://h:1")
-                .unwrap()
-                .with_prefix("a{")
-                .is_err()
-        );
-    }
-}
+#[path = "config_tests.rs"]
+mod tests;

@@ -13,6 +13,13 @@ pub const DEFAULT_PREFIX: &str = "leasehold:";
 /// channel `<prefix>{<key>}:released`. The braces make them one hash tag, so on a Redis Cluster
 /// all three live on one slot.
 ///
+/// A key beginning with `}` would make that tag empty (`<prefix>{}…`), and Redis Cluster hashes
+/// a name with an empty tag whole: the lock and its fence counter would land on different
+/// slots (`CROSSSLOT`). Such a key is named `<prefix>~{~}<key>}` instead: the tag is `~`, and
+/// no other key's name starts with `<prefix>~`, so the mapping stays one-to-one. Every other
+/// key (braces inside it included: the tag then ends at its first `}`, never empty) keeps the
+/// plain form.
+///
 /// Only the lock name is stored; the others are written straight into a command's buffer from
 /// it ([`Derived`]), so naming a lock costs one allocation per request, not five.
 #[derive(Debug, Clone)]
@@ -32,16 +39,35 @@ const PERMITS: &str = ":sem";
 const PERMIT_FENCE: &str = ":sem:fence";
 const PERMIT_LIMIT: &str = ":sem:limit";
 const PERMIT_CHANNEL: &str = ":sem:released";
+const ELECT: &str = ":elect";
+const LEADER: &str = ":leader";
+/// What follows the prefix instead of `{` for a key beginning with `}` (see [`Names`]).
+const EMPTY_TAG: &str = "~{~}";
 
 impl Names {
     pub(crate) fn new(prefix: &str, key: &LockKey) -> Self {
         let key = key.as_str();
-        let mut lock = String::with_capacity(prefix.len() + key.len() + 2);
+        let mut lock = String::with_capacity(prefix.len() + key.len() + EMPTY_TAG.len() + 1);
         lock.push_str(prefix);
-        lock.push('{');
+        lock.push_str(if key.starts_with('}') { EMPTY_TAG } else { "{" });
         lock.push_str(key);
         lock.push('}');
         Self { lock }
+    }
+
+    /// The names of election `key`: the leadership is a lock named `<prefix>{<key>}:elect`
+    /// (`<prefix>~{~}<key>}:elect` for a key beginning with `}`, as for locks; its fence
+    /// counter, channel and queues derive from that name as a lock's do), on the same hash slot
+    /// as the lock of `key` and never one of its names.
+    pub(crate) fn election(prefix: &str, key: &LockKey) -> Self {
+        let mut names = Self::new(prefix, key);
+        names.lock.push_str(ELECT);
+        names
+    }
+
+    /// Elections: the leader's owner value and candidate value, `<owner>\n<value>`.
+    pub(crate) fn leader(&self) -> Derived<'_> {
+        self.derived(LEADER)
     }
 
     /// The lock: a string holding the owner value, with a TTL.
@@ -162,8 +188,8 @@ mod tests {
         Ok(())
     }
 
-    /// Every name of a semaphore differs from every name of every lock, even of locks whose
-    /// keys hold braces and the semaphore suffixes.
+    /// Every name of a semaphore differs from every name of every lock and election, even of
+    /// those whose keys hold braces and the semaphore suffixes.
     #[test]
     fn semaphore_names_never_collide_with_lock_names() -> Result<(), leasehold_core::KeyError> {
         let n = Names::new("p:", &LockKey::new("a")?);
@@ -182,12 +208,21 @@ mod tests {
             v.extend([n.fence(), n.channel(), n.queue(), n.waiters()].map(|d| d.to_string()));
             v
         };
+        let others = |k: &str| -> Result<Vec<String>, leasehold_core::KeyError> {
+            let key = LockKey::new(k)?;
+            let (e, mut v) = (Names::election("p:", &key), lock(&Names::new("p:", &key)));
+            v.extend(lock(&e));
+            v.push(e.leader().to_string());
+            Ok(v)
+        };
         let keys = [
             "a",
             "a}",
             "a}:sem",
             "a}:sem:fence",
             "a}:sem}",
+            "a}:elect",
+            "a}:elect:sem",
             "{a}",
             "a:sem",
             "}:sem",
@@ -195,12 +230,84 @@ mod tests {
         for k in keys {
             let kn = Names::new("p:", &LockKey::new(k)?);
             for j in keys {
-                let jn = Names::new("p:", &LockKey::new(j)?);
+                let names = others(j)?;
                 for s in sem(&kn) {
-                    assert!(!lock(&jn).contains(&s), "{s} is also a name of lock {j:?}");
+                    assert!(!names.contains(&s), "{s} is also a name of lock {j:?}");
                 }
             }
         }
         Ok(())
+    }
+
+    /// The hash tag as Redis Cluster reads it: between the first `{` and the first `}` after
+    /// it, if not empty; else the whole name.
+    fn hash_tag(name: &str) -> &str {
+        if let Some(open) = name.find('{')
+            && let Some(len) = name[open + 1..].find('}')
+            && len > 0
+        {
+            return &name[open + 1..open + 1 + len];
+        }
+        name
+    }
+
+    #[test]
+    fn brace_edge_cases_keep_one_tag_per_lock_and_stay_one_to_one() {
+        let keys = [
+            "}", "}}", "}a", "}a}", "a}", "a}b", "{", "{}", "{a}", "a{b}c", "}{", "~{~}", "~",
+            "}:fence", ":fence", "}a:fence",
+        ];
+        let mut seen = std::collections::HashSet::new();
+        for key in keys {
+            let n = Names::new("p:", &LockKey::new(key).unwrap());
+            let tag = hash_tag(n.lock());
+            assert!(
+                tag.len() < n.lock().len(),
+                "{key:?}: no hash tag in {}",
+                n.lock()
+            );
+            for derived in [n.fence(), n.channel(), n.queue(), n.waiters()] {
+                let name = derived.to_string();
+                assert_eq!(hash_tag(&name), tag, "{key:?}: {name} vs {}", n.lock());
+                assert!(seen.insert(name), "{key:?}: a name is shared");
+            }
+            assert!(
+                seen.insert(n.lock().to_owned()),
+                "{key:?}: {} is shared",
+                n.lock()
+            );
+            // An election's names follow the same rule: on the lock's slot, never its names.
+            let e = Names::election("p:", &LockKey::new(key).unwrap());
+            assert_eq!(hash_tag(e.lock()), tag, "{key:?}: {}", e.lock());
+            for derived in [e.fence(), e.channel(), e.queue(), e.waiters(), e.leader()] {
+                let name = derived.to_string();
+                assert_eq!(hash_tag(&name), tag, "{key:?}: {name} vs {}", e.lock());
+                assert!(seen.insert(name), "{key:?}: a name is shared");
+            }
+            assert!(
+                seen.insert(e.lock().to_owned()),
+                "{key:?}: {} is shared",
+                e.lock()
+            );
+            // A semaphore's names too.
+            for derived in [
+                n.permits(),
+                n.permit_fence(),
+                n.permit_limit(),
+                n.permit_channel(),
+            ] {
+                let name = derived.to_string();
+                assert_eq!(hash_tag(&name), tag, "{key:?}: {name} vs {}", n.lock());
+                assert!(seen.insert(name), "{key:?}: a name is shared");
+            }
+        }
+        assert_eq!(
+            Names::new("p:", &LockKey::new("}a").unwrap()).lock(),
+            "p:~{~}}a}"
+        );
+        assert_eq!(
+            Names::new("p:", &LockKey::new("a}").unwrap()).lock(),
+            "p:{a}}"
+        );
     }
 }

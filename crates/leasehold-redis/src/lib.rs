@@ -22,6 +22,13 @@
 //!   URL's host. redis-rs's `#insecure` fragment turns verification off: for tests only.
 //! - `redis-cluster://[user:password@]host:port,host:port,…`: a Redis Cluster by its seed nodes
 //!   (or [`RedisConfig::cluster`]); each command goes to the master of its slot.
+//!   `rediss-cluster://…` is the same over TLS (the nodes' TLS ports, as `CLUSTER SLOTS`
+//!   tells a TLS client).
+//! - `redis+sentinel://[user:password@]host:port,host:port,…/SERVICE[/db]`: the master that the
+//!   Redis Sentinels at those addresses (port 26379 when left out) name for `SERVICE`, found
+//!   again after a failover (see [Redis Sentinel](#redis-sentinel)). The userinfo logs in to the
+//!   master (and its replicas), `sentinel_user` / `sentinel_password` to the sentinels;
+//!   `rediss+sentinel://` speaks TLS to both (the `ca` option as for `rediss://`).
 //! - `redlock://[user:password@]host:port,host:port,…[/db]`: N ≥ 3 independent servers.
 //!
 //! | URL option | what | default |
@@ -31,6 +38,9 @@
 //! | `fair_queue_ms=GRACE` | [fair mode](#fair-mode) with this grace period (ms, at least 100); not for `redlock://` | off |
 //! | `connect_timeout_ms=N`, `response_timeout_ms=N` | connect and response timeouts; not for `redlock://` | 1000, 1000 |
 //! | `wait_initial_ms=N`, `wait_max_ms=N` | waiters' fallback backoff (they are woken by the release message first); not for `redlock://` | 50, 1000 |
+//! | `fence_ttl_ms=N` | fence counters expire N ms after their key's latest acquisition (see [what keys leave behind](#what-keys-leave-behind)); not for `redlock://` | kept for ever |
+//! | `sentinel_user=U`, `sentinel_password=P` | `redis+sentinel://` only: the sentinels' login (the URL's userinfo is the master's) | none |
+//! | `replica_sync=N`, `replica_sync_timeout_ms=T` | [replica-sync check](#the-replica-sync-check): a grant counts once `N` replicas have it, waiting up to `T` ms; not for `redis-cluster://` or `redlock://` | off; 200 |
 //! | `node_timeout_ms=N` | `redlock://` only: bound on each request to one node | `ttl / 200`, within 5–50 |
 //! | `connect_timeout_ms=N` | `redlock://`: each node's connect timeout | 1000 |
 //! | `min_validity_ms=N` | `redlock://` only: validity an acquisition must have left | 1 |
@@ -51,16 +61,34 @@
 //! | Redis name | what |
 //! |---|---|
 //! | `leasehold:{jobs/nightly}` | the lock: a string holding the owner value, with a TTL |
-//! | `leasehold:{jobs/nightly}:fence` | the fencing counter (single node only; never deleted, so tokens don't restart while the server keeps its data) |
+//! | `leasehold:{jobs/nightly}:fence` | the fencing counter (single node only; never deleted unless `fence_ttl_ms` is set, so tokens don't restart while the server keeps its data) |
 //! | `leasehold:{jobs/nightly}:released` | the pub/sub channel the release script publishes on |
 //!
-//! The braces are a hash tag: on a Redis Cluster the three share one slot. Any client that sets
+//! The braces are a hash tag: on a Redis Cluster the three share one slot. A key beginning
+//! with `}` would leave that tag empty (Redis Cluster then hashes each name whole, and the lock
+//! and its counter would sit on different slots): such a key, e.g. `}x`, is named
+//! `leasehold:~{~}}x}` (tag `~`) and its counter `leasehold:~{~}}x}:fence`. Any client that sets
 //! the lock key with `SET` `NX` excludes leasehold, and the other way round:
 //!
 //! ```text
 //! redis-cli SET 'leasehold:{jobs/nightly}' by-hand NX PX 30000    # take it
 //! redis-cli EVAL "if redis.call('GET',KEYS[1])==ARGV[1] then return redis.call('DEL',KEYS[1]) end return 0" 1 'leasehold:{jobs/nightly}' by-hand   # give it back
 //! ```
+//!
+//! # What keys leave behind
+//!
+//! A released lock deletes its key, and the fair line's keys expire; the fence counter
+//! `<lock>:fence` stays: **keys must come from a bounded set** (job names, not request ids), or
+//! counters pile up without end (`leasehold-bench perf` measures the bytes one key leaves).
+//! Deleting a counter by hand restarts its tokens at 1: a token below ones already handed out.
+//! [`RedisConfig::with_fence_ttl`] (`fence_ttl_ms=N`) makes each counter expire N ms after its
+//! key's latest acquisition instead; a counter that starts again starts at the server's clock in
+//! microseconds, above every token the old counter gave (one key is never taken a million
+//! times a second), so tokens keep increasing, even past a holder that still writes, as long as
+//! the server's clock never steps back by more than N. Choose N well above any clock step you
+//! can imagine (an hour or a day), and set it on every client of the keys (one without it would
+//! restart an expired counter at 1). The token stays what it is on one server anyway: best
+//! effort, gone backwards if the server loses its data.
 //!
 //! # Fair mode
 //!
@@ -88,6 +116,42 @@
 //! The test `fair.rs` checks it with several backends contending on one key: at most one grant
 //! in twenty goes straight back to the releaser, and no wait reaches a second. The price is
 //! throughput (every handoff waits for the head of the line to ask).
+//!
+//! # Redis Sentinel
+//!
+//! `redis+sentinel://10.0.0.1:26379,10.0.0.2:26379,10.0.0.3:26379/mymaster` asks the sentinels
+//! (the first that answers) which server is the master of `mymaster`, checks that the server
+//! says so itself (`ROLE`), and connects to it. When a request to it then fails the way a
+//! failover makes it fail (connection refused, dropped or timed out, or `READONLY` from a master
+//! demoted to a replica), the sentinels are asked again, and requests go to the master they
+//! name from then on, the release channels subscribed there again. The failed request returns a
+//! retryable error; the `Locker` retries it. The test `sentinel_failover.rs` kills the master
+//! and checks that the same backend works again once a replica is promoted.
+//!
+//! A failover is where a single Redis master loses locks: replication is asynchronous, so the
+//! promoted replica may lack the last grants — and the fence counter's last `INCR`s, so fencing
+//! tokens go back. The same test cuts the replicas off for the last 300 ms before the master
+//! dies, and the promoted replica hands out again every grant it missed, each with a lower
+//! token. Sentinel does not make Redis a correctness lock.
+//!
+//! ## The replica-sync check
+//!
+//! [`RedisConfig::with_replica_sync`] (`?replica_sync=N`) makes a grant count only once `N`
+//! replicas have acknowledged it: after the grant, on a connection of its own (`WAIT` blocks its
+//! connection, and the backend's connection is shared), the check writes a key of its own
+//! (`<prefix>replica-sync`), reads the lock back and sends `WAIT N timeout`; since replication
+//! keeps the master's order, a replica that has the check's write has the grant. When fewer
+//! replicas answer in time, the grant is given back and the acquisition fails with a retryable
+//! error. With `N` = every replica, the failover test loses no grant. It narrows the window, it
+//! does not close it: a replica acknowledges what it received, not what it wrote to disk, and
+//! an acquisition whose check failed leaves its write on the servers that had it until released.
+//!
+//! **Off by default**, unlike Redisson's `checkLockSyncedSlaves`: the right `N` depends on the
+//! deployment (a master without replicas would fail every acquisition), the check costs a round
+//! trip and the replication delay on every acquisition (`leasehold-bench perf` has the row) and
+//! stalls acquisitions up to the timeout while a replica lags, and it does not change the safety
+//! class: a lock that must not be lost belongs on etcd or PostgreSQL with fencing. Turn it on
+//! with `N` = the number of replicas when a lost grant costs more than the latency.
 //!
 //! # The scripts
 //!
@@ -123,7 +187,10 @@
 //! - On failure, every node gets a compare-and-delete, including those that timed out; a request
 //!   still in flight gets its release when it completes. Node requests run in spawned tasks, so
 //!   a dropped acquire future still gives back what it took.
-//! - Extend re-arms all nodes, and sets the key again on a node that lost it.
+//! - Extend re-arms, on every node, the key that still holds our owner value (compare and
+//!   `PEXPIRE`), and never sets a missing key again: an extend still in flight when the lease
+//!   is released (both go to every node, in any order) cannot bring the lock back. A node that
+//!   restarted empty stays without our key, and the extend needs a majority of the others.
 //! - Nodes connect lazily: a node that is down does not stop the backend, and is used again when
 //!   it returns.
 //!
@@ -146,20 +213,26 @@
 //! passed (it is gone by then). Other server errors are `Backend` errors, never retried.
 
 mod config;
+mod election;
+mod fence;
 mod keys;
 mod node;
 mod options;
 mod redlock;
 mod renew;
+mod replica;
 mod scripts;
 pub mod semaphore;
+mod sentinel;
 mod single;
 mod wake;
 
 use leasehold_core::Error;
 use leasehold_core::driver::{Driver, Opening, Target, connecting, ready};
 
-pub use config::{REDLOCK_SCHEMES, RedisConfig, RedlockConfig, SCHEMES};
+pub use config::{
+    DEFAULT_REPLICA_SYNC_TIMEOUT, REDLOCK_SCHEMES, RedisConfig, RedlockConfig, SCHEMES,
+};
 pub use keys::DEFAULT_PREFIX;
 pub use redlock::RedlockBackend;
 pub use single::RedisBackend;
@@ -184,4 +257,46 @@ fn open(target: &Target<'_>) -> Result<Opening, Error> {
     }
     let config = target.prefixed(RedisConfig::from_url(target.url)?, |c, p| c.with_prefix(p))?;
     Ok(connecting(RedisBackend::connect(config)))
+}
+
+#[doc(hidden)]
+pub mod fuzzing {
+    //! Internal entry points for the fuzz targets in `fuzz/`; not part of the API.
+
+    use leasehold_core::{FencingToken, LockKey};
+    use redis::Value;
+
+    /// The Redis names of a lock under `prefix`: the lock, its fence counter, its wake-up
+    /// channel, its fair queue and its waiters.
+    pub fn names(prefix: &str, key: &LockKey) -> [String; 5] {
+        let n = crate::keys::Names::new(prefix, key);
+        [
+            n.lock().to_owned(),
+            n.fence().to_string(),
+            n.channel().to_string(),
+            n.queue().to_string(),
+            n.waiters().to_string(),
+        ]
+    }
+
+    /// Decodes the RESP bytes `resp` as every reply the driver reads from a server (script
+    /// answers, `inspect`'s pipeline, `CLUSTER SLOTS`); `false` if they are not one RESP value.
+    pub fn replies(resp: &[u8]) -> bool {
+        let Ok(v) = redis::parse_redis_value(resp) else {
+            return false;
+        };
+        let token = redis::from_redis_value_ref::<Option<u64>>(&v);
+        let _ = token.map(|t| t.map(FencingToken::new));
+        let _ = redis::from_redis_value_ref::<i64>(&v).map(|n| n == 1);
+        let _ = redis::from_redis_value_ref::<Vec<i64>>(&v);
+        let inspect = redis::from_redis_value_ref::<(Option<String>, i64, Option<u64>)>(&v);
+        let _ = inspect.map(|(_, pttl, _)| crate::node::remaining(pttl));
+        if let Ok(ranges) = redis::from_redis_value_ref::<Vec<Value>>(&v) {
+            let _ = ranges
+                .iter()
+                .map(crate::node::slot_range)
+                .collect::<Option<Vec<_>>>();
+        }
+        true
+    }
 }

@@ -11,8 +11,10 @@ use redis::cluster_async::ClusterConnection;
 use redis::{Client, Cmd, FromRedisValue, Pipeline, RedisError, RedisFuture, Script, Value};
 use tokio::sync::OnceCell;
 
+use crate::fence::FenceExpiry;
 use crate::keys::Names;
 use crate::scripts::{ACQUIRE_FAIR, ACQUIRE_FENCED, EXTEND_MANY, EXTEND_MANY_CROSS_SLOT, RELEASE};
+use crate::sentinel::{SentinelConn, SentinelConnector};
 
 /// What one `SET NX` found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,6 +31,8 @@ pub(crate) enum Connector {
     Single(Client, ConnectionManagerConfig),
     /// A Redis Cluster; redis-rs routes each command to the master of its slot.
     Cluster(ClusterClient),
+    /// The master Redis Sentinel names, found again after a failover.
+    Sentinel(Arc<SentinelConnector>),
 }
 
 /// The shared, multiplexed connection of a [`Node`].
@@ -36,6 +40,7 @@ pub(crate) enum Connector {
 pub(crate) enum Conn {
     Single(ConnectionManager),
     Cluster(ClusterConnection),
+    Sentinel(SentinelConn),
 }
 
 impl ConnectionLike for Conn {
@@ -43,6 +48,7 @@ impl ConnectionLike for Conn {
         match self {
             Self::Single(c) => c.req_packed_command(cmd),
             Self::Cluster(c) => c.req_packed_command(cmd),
+            Self::Sentinel(c) => c.req_packed_command(cmd),
         }
     }
 
@@ -55,6 +61,7 @@ impl ConnectionLike for Conn {
         match self {
             Self::Single(c) => c.req_packed_commands(pipeline, offset, count),
             Self::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+            Self::Sentinel(c) => c.req_packed_commands(pipeline, offset, count),
         }
     }
 
@@ -62,6 +69,7 @@ impl ConnectionLike for Conn {
         match self {
             Self::Single(c) => c.get_db(),
             Self::Cluster(c) => c.get_db(),
+            Self::Sentinel(c) => c.get_db(),
         }
     }
 }
@@ -115,6 +123,7 @@ impl Node {
                     Connector::Cluster(client) => {
                         client.get_async_connection().await.map(Conn::Cluster)
                     }
+                    Connector::Sentinel(s) => s.connect().await.map(Conn::Sentinel),
                 }
             })
             .await
@@ -122,22 +131,23 @@ impl Node {
             .map_err(|e| self.error(&e, "connect"))
     }
 
-    /// `SET lock owner NX PX ttl`, and with `fenced`, `INCR` of the fence counter in the same
-    /// script: one round trip either way.
+    /// `SET lock owner NX PX ttl`, and with a `fence`, the next token of the fence counter in
+    /// the same script: one round trip either way.
     pub(crate) async fn take(
         &self,
         names: &Names,
         owner: &Owner,
         ttl: Duration,
-        fenced: bool,
+        fence: Option<FenceExpiry>,
     ) -> Result<Taken, Error> {
         let ms = ttl_ms(ttl);
-        if fenced {
-            let mut cmd = evalsha(&ACQUIRE_FENCED, 2, 2);
+        if let Some(fence) = fence {
+            let mut cmd = evalsha(&ACQUIRE_FENCED, 2, 3);
             cmd.arg(names.lock())
                 .arg(names.fence())
                 .arg(owner.as_str())
-                .arg(ms);
+                .arg(ms)
+                .arg(fence.arg());
             let token: Option<u64> = self.eval(&ACQUIRE_FENCED, &cmd, "acquire").await?;
             Ok(token.map_or(Taken::Held, |t| Taken::Granted(Some(FencingToken::new(t)))))
         } else {
@@ -168,8 +178,9 @@ impl Node {
         ttl: Duration,
         enqueue: bool,
         grace: Duration,
+        fence: FenceExpiry,
     ) -> Result<Taken, Error> {
-        let mut cmd = evalsha(&ACQUIRE_FAIR, 4, 4);
+        let mut cmd = evalsha(&ACQUIRE_FAIR, 4, 5);
         cmd.arg(names.lock())
             .arg(names.fence())
             .arg(names.queue())
@@ -177,7 +188,8 @@ impl Node {
             .arg(owner.as_str())
             .arg(ttl_ms(ttl))
             .arg(if enqueue { "1" } else { "0" })
-            .arg(ttl_ms(grace));
+            .arg(ttl_ms(grace))
+            .arg(fence.arg());
         let token: Option<u64> = self.eval(&ACQUIRE_FAIR, &cmd, "acquire").await?;
         Ok(token.map_or(Taken::Held, |t| Taken::Granted(Some(FencingToken::new(t)))))
     }
@@ -211,7 +223,7 @@ impl Node {
             .map(|n| n == 1)
     }
 
-    /// Compare-and-pexpire; with `reset`, sets the key again if it is missing.
+    /// Compare-and-pexpire (`reset` is passed to the script, which ignores it now).
     pub(crate) async fn extend(
         &self,
         names: &Names,
@@ -282,22 +294,9 @@ impl Node {
             .query_async(&mut conn)
             .await
             .map_err(|e| self.error(&e, "cluster slots"))?;
-        let range = |v: &Value| -> Option<(u16, u16, String)> {
-            let Value::Array(r) = v else { return None };
-            let int = |v: Option<&Value>| match v {
-                Some(Value::Int(n)) => u16::try_from(*n).ok(),
-                _ => None,
-            };
-            let Some(Value::Array(master)) = r.get(2) else {
-                return None;
-            };
-            let host: String = redis::from_redis_value_ref(master.first()?).ok()?;
-            let port = int(master.get(1))?;
-            Some((int(r.first())?, int(r.get(1))?, format!("{host}:{port}")))
-        };
         ranges
             .iter()
-            .map(range)
+            .map(slot_range)
             .collect::<Option<Vec<_>>>()
             .ok_or_else(|| {
                 Error::new(
@@ -321,10 +320,7 @@ impl Node {
             .query_async(&mut conn)
             .await
             .map_err(|e| self.error(&e, "inspect"))?;
-        Ok(owner.map(|o| {
-            let remaining = u64::try_from(pttl).ok().map(Duration::from_millis);
-            (Owner::from_raw(o), remaining, fence)
-        }))
+        Ok(owner.map(|o| (Owner::from_raw(o), remaining(pttl), fence)))
     }
 
     /// Subscribes the shared connection to a wake-up channel (RESP3 push; sharded pub/sub on a
@@ -333,6 +329,7 @@ impl Node {
         let r = match self.conn().await? {
             Conn::Single(mut c) => c.subscribe(channel).await,
             Conn::Cluster(mut c) => c.ssubscribe(channel).await,
+            Conn::Sentinel(c) => c.subscribe(channel).await,
         };
         r.map_err(|e| self.error(&e, "subscribe"))
     }
@@ -342,6 +339,7 @@ impl Node {
         let r = match self.conn().await? {
             Conn::Single(mut c) => c.unsubscribe(channel).await,
             Conn::Cluster(mut c) => c.sunsubscribe(channel).await,
+            Conn::Sentinel(c) => c.unsubscribe(channel).await,
         };
         r.map_err(|e| self.error(&e, "unsubscribe"))
     }
@@ -416,6 +414,27 @@ pub(crate) fn evalsha(script: &Script, keys: usize, args: usize) -> Cmd {
     let mut cmd = Cmd::with_capacity(3 + keys + args, 64 + 64 * (keys + args));
     cmd.arg("EVALSHA").arg(script.get_hash()).arg(keys);
     cmd
+}
+
+/// What a `PTTL` answer says is left of a lock's TTL (`None`: no TTL, or no key).
+pub(crate) fn remaining(pttl: i64) -> Option<Duration> {
+    u64::try_from(pttl).ok().map(Duration::from_millis)
+}
+
+/// One entry of a `CLUSTER SLOTS` answer: its first and last slot and its master's
+/// `host:port`; `None` for an answer of another shape.
+pub(crate) fn slot_range(v: &Value) -> Option<(u16, u16, String)> {
+    let Value::Array(r) = v else { return None };
+    let int = |v: Option<&Value>| match v {
+        Some(Value::Int(n)) => u16::try_from(*n).ok(),
+        _ => None,
+    };
+    let Some(Value::Array(master)) = r.get(2) else {
+        return None;
+    };
+    let host: String = redis::from_redis_value_ref(master.first()?).ok()?;
+    let port = int(master.get(1))?;
+    Some((int(r.first())?, int(r.get(1))?, format!("{host}:{port}")))
 }
 
 /// Runs an `EVALSHA` built by [`evalsha`]; on `NOSCRIPT` (a restarted or flushed server) loads

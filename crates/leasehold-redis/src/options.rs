@@ -19,6 +19,28 @@ pub(crate) const REDIS_OPTIONS: &[&str] = &[
     RESPONSE_TIMEOUT_MS,
     WAIT_INITIAL_MS,
     WAIT_MAX_MS,
+    ALLOW_PLAINTEXT_PASSWORD,
+    FENCE_TTL_MS,
+    REPLICA_SYNC,
+    REPLICA_SYNC_TIMEOUT_MS,
+];
+
+/// Options of `redis+sentinel://` and `rediss+sentinel://` URLs: those of one server, and the
+/// sentinels' own login.
+pub(crate) const SENTINEL_OPTIONS: &[&str] = &[
+    PREFIX,
+    CA,
+    FAIR_QUEUE_MS,
+    CONNECT_TIMEOUT_MS,
+    RESPONSE_TIMEOUT_MS,
+    WAIT_INITIAL_MS,
+    WAIT_MAX_MS,
+    SENTINEL_USER,
+    SENTINEL_PASSWORD,
+    REPLICA_SYNC,
+    REPLICA_SYNC_TIMEOUT_MS,
+    ALLOW_PLAINTEXT_PASSWORD,
+    FENCE_TTL_MS,
 ];
 
 /// Options of `redlock://` URLs.
@@ -28,6 +50,7 @@ pub(crate) const REDLOCK_OPTIONS: &[&str] = &[
     NODE_TIMEOUT_MS,
     CONNECT_TIMEOUT_MS,
     MIN_VALIDITY_MS,
+    ALLOW_PLAINTEXT_PASSWORD,
 ];
 
 pub(crate) const PREFIX: &str = "prefix";
@@ -39,6 +62,13 @@ pub(crate) const WAIT_INITIAL_MS: &str = "wait_initial_ms";
 pub(crate) const WAIT_MAX_MS: &str = "wait_max_ms";
 pub(crate) const NODE_TIMEOUT_MS: &str = "node_timeout_ms";
 pub(crate) const MIN_VALIDITY_MS: &str = "min_validity_ms";
+pub(crate) const ALLOW_PLAINTEXT_PASSWORD: &str =
+    leasehold_core::transport::ALLOW_PLAINTEXT_PASSWORD;
+pub(crate) const FENCE_TTL_MS: &str = "fence_ttl_ms";
+pub(crate) const REPLICA_SYNC: &str = "replica_sync";
+pub(crate) const REPLICA_SYNC_TIMEOUT_MS: &str = "replica_sync_timeout_ms";
+pub(crate) const SENTINEL_USER: &str = "sentinel_user";
+pub(crate) const SENTINEL_PASSWORD: &str = "sentinel_password";
 
 /// The options taken out of one URL, percent-decoded.
 pub(crate) struct UrlOptions {

@@ -365,7 +365,7 @@ impl RedlockBackend {
                 .map(|(i, (node, done))| {
                     let mut decision = decision.clone();
                     async move {
-                        let r = tokio::time::timeout(per_node, node.take(names, owner, ttl, false))
+                        let r = tokio::time::timeout(per_node, node.take(names, owner, ttl, None))
                             .await
                             .map(|r| r.map(|t| matches!(t, Taken::Granted(_))));
                         // From here on no SET of this round can reach the node after a later
@@ -481,8 +481,9 @@ impl LockBackend for RedlockBackend {
         let per_node = self.node_timeout(ttl);
         let mut rx = self.spawn_all(per_node, Self::release_bound(ttl), |node| {
             let (names, owner) = (Arc::clone(&names), owner.clone());
-            // A node that lost the key (restarted empty) gets it set again with our value.
-            async move { node.extend(&names, &owner, ttl, true).await }
+            // Compare-and-pexpire only: a missing key is never set again, so an extend that
+            // lands after a release (on any node) cannot bring the lock back.
+            async move { node.extend(&names, &owner, ttl, false).await }
         });
         let mut tally = self.tally("extend", "extended", "held by another owner");
         if tally.until_decided(&mut rx).await {
@@ -500,15 +501,15 @@ impl LockBackend for RedlockBackend {
         let Some(shortest) = reqs.iter().map(|r| r.ttl).min() else {
             return Vec::new();
         };
-        // Every node at once, each script call bounded by the per-node timeout; a node that
-        // lost a key (restarted empty) gets it set again with our value.
+        // Every node at once, each script call bounded by the per-node timeout. A key a node
+        // lost (restarted empty, or released meanwhile) is not set again: see `extend`.
         let per_node = self.node_timeout(shortest);
         let prefix = &self.inner.config.prefix;
         let answers = join_all(
             self.inner
                 .nodes
                 .iter()
-                .map(|node| extend_on(node, prefix, reqs, true, Some(per_node))),
+                .map(|node| extend_on(node, prefix, reqs, false, Some(per_node))),
         )
         .await;
         let mut by_node: Vec<_> = answers.into_iter().map(Vec::into_iter).collect();

@@ -30,7 +30,7 @@ use crate::node::{Node, names};
 /// microseconds of Redis time, short enough not to hold up other clients noticeably.
 pub(crate) const CHUNK: usize = 250;
 
-/// Re-arms every lease of `reqs` on `node` (with `reset`, sets a missing key again), each
+/// Re-arms every lease of `reqs` on `node` (`reset` is ignored by the script now), each
 /// chunk's call bounded by `bound` if given: one answer per lease, in order.
 pub(crate) async fn extend_on(
     node: &Node,

@@ -5,30 +5,50 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
-/// `KEYS[1]` lock, `KEYS[2]` fence counter; `ARGV[1]` owner, `ARGV[2]` ttl in ms.
+/// `KEYS[1]` lock, `KEYS[2]` fence counter; `ARGV[1]` owner, `ARGV[2]` ttl in ms, `ARGV[3]`
+/// the fence counter's expiry in ms (`0`: kept for ever; see [`NEXT_TOKEN_FN`]).
 /// Sets the lock if absent and returns the next fencing token; nil if the lock is held.
 pub(crate) static ACQUIRE_FENCED: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
+    Script::new(&format!(
+        "{NEXT_TOKEN_FN}
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return redis.call('INCR', KEYS[2])
+  return next_token(KEYS[2], ARGV[3])
 end
 return false
-",
-    )
+"
+    ))
 });
+
+/// The next fencing token from a counter. Kept for ever (`ttl` `0`): `INCR`, from 1. With an
+/// expiry (`RedisConfig::with_fence_ttl`), a missing counter first starts at the server's clock
+/// in microseconds, so that a counter that expired and starts again still gives tokens above
+/// every earlier one (one key cannot be taken a million times a second), then the expiry is
+/// re-armed at every acquisition.
+const NEXT_TOKEN_FN: &str = r"local function next_token(key, ttl)
+  if ttl == '0' then
+    return redis.call('INCR', key)
+  end
+  if redis.call('EXISTS', key) == 0 then
+    local t = redis.call('TIME')
+    redis.call('SET', key, t[1] .. string.format('%06d', tonumber(t[2])))
+  end
+  local n = redis.call('INCR', key)
+  redis.call('PEXPIRE', key, ttl)
+  return n
+end";
 
 /// Fair mode. `KEYS[1]` lock, `KEYS[2]` fence counter, `KEYS[3]` queue (list of owner values),
 /// `KEYS[4]` waiters (zset: owner value → server time in ms until which the waiter counts as
 /// alive); `ARGV[1]` owner, `ARGV[2]` ttl in ms, `ARGV[3]` `1` to join the queue, `ARGV[4]` how
-/// long (ms) a waiter stays in line without asking again.
+/// long (ms) a waiter stays in line without asking again, `ARGV[5]` the fence counter's expiry
+/// (as in [`ACQUIRE_FENCED`]).
 ///
 /// Drops waiters at the head of the line that stopped asking; grants the lock (and the next
 /// fencing token) only if it is free **and** nobody is ahead of us in line; else, when asked,
 /// joins the line or refreshes our place. Time is the server's (`TIME`), never a client clock.
 pub(crate) static ACQUIRE_FAIR: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
+    Script::new(&format!(
+        "{NEXT_TOKEN_FN}
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 while true do
@@ -46,7 +66,7 @@ if redis.call('EXISTS', KEYS[1]) == 0 and ((not head) or head == ARGV[1]) then
     redis.call('ZREM', KEYS[4], ARGV[1])
   end
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-  return redis.call('INCR', KEYS[2])
+  return next_token(KEYS[2], ARGV[5])
 end
 if ARGV[3] == '1' then
   local grace = tonumber(ARGV[4])
@@ -57,8 +77,8 @@ if ARGV[3] == '1' then
   redis.call('PEXPIRE', KEYS[4], grace * 2)
 end
 return false
-",
-    )
+"
+    ))
 });
 
 /// `KEYS[1]` lock, `KEYS[2]` wake-up channel, and in fair mode only `KEYS[3]` fair queue,
@@ -88,11 +108,12 @@ return 0
     )
 });
 
-/// `KEYS[1..n]` locks; `ARGV[1]` `1` to set a key again when it is missing (Redlock: a node
-/// that restarted empty), then for lock `i` its owner `ARGV[2i]` and its ttl in ms
-/// `ARGV[2i+1]`.
-/// Re-arms each lock's TTL only if it holds its owner value. Returns one integer per lock, in
-/// order: 1 if extended (or set again), else 0. The renewal engine sends many locks at once;
+/// `KEYS[1..n]` locks; `ARGV[1]` unused (it once asked to set a missing key again), then for
+/// lock `i` its owner `ARGV[2i]` and its ttl in ms `ARGV[2i+1]`.
+/// Re-arms each lock's TTL only if it exists and holds its owner value: a missing key is never
+/// created, so an extend still in flight when the lease is released (Redlock sends both to
+/// every node, in any order) cannot bring the lock back. Returns one integer per lock, in
+/// order: 1 if extended, else 0. The renewal engine sends many locks at once;
 /// a single extend is the case n = 1.
 pub(crate) static EXTEND_MANY: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
@@ -123,14 +144,9 @@ return out
 });
 
 /// The compare-and-pexpire of one lock, shared by the batch scripts.
-const RENEW_FN: &str = r"local reset = ARGV[1] == '1'
-local function renew(key, owner, ttl)
-  local v = redis.call('GET', key)
-  if v == owner then
+const RENEW_FN: &str = r"local function renew(key, owner, ttl)
+  if redis.call('GET', key) == owner then
     return redis.call('PEXPIRE', key, ttl)
-  end
-  if (not v) and reset and redis.call('SET', key, owner, 'NX', 'PX', ttl) then
-    return 1
   end
   return 0
 end

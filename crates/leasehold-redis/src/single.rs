@@ -16,9 +16,13 @@ use redis::{ProtocolVersion, PushInfo};
 use tokio::time::Instant;
 
 use crate::config::{Deployment, REDIS as NAME, RedisConfig, invalid};
+use crate::fence::FenceExpiry;
+use crate::keys::Names;
 use crate::node::{Connector, Node, Taken, names};
 use crate::renew::extend_on;
+use crate::replica::{ReplicaSync, Source};
 use crate::semaphore::RedisPermits;
+use crate::sentinel::SentinelConnector;
 use crate::wake::{Subscription, WakeHub};
 
 /// What single-node Redis guarantees and supports: a constant, as
@@ -27,7 +31,8 @@ const CAPABILITIES: Capabilities =
     Capabilities::new(NAME, SafetyClass::Efficiency, FencingKind::BestEffort)
         .with_wait(WaitKind::Native)
         .with_ttl_range(Duration::from_millis(10), leasehold_core::DEFAULT_MAX_TTL)
-        .with_semaphores();
+        .with_semaphores()
+        .with_elections();
 
 /// Locks on one Redis server: an *efficiency* lock with a best-effort fencing token.
 ///
@@ -36,14 +41,18 @@ const CAPABILITIES: Capabilities =
 #[derive(Clone)]
 pub struct RedisBackend {
     inner: Arc<Inner>,
+    /// Whether this is the election view's lock: the names of elections (`…:elect`).
+    elect: bool,
 }
 
 struct Inner {
     node: Arc<Node>,
+    /// The replica-sync check, when configured.
+    sync: Option<ReplicaSync>,
     config: RedisConfig,
     wake: Arc<WakeHub>,
     /// Local FIFO queues: one Redis contender per key per backend.
-    queues: Mutex<HashMap<LockKey, Arc<KeyQueue>>>,
+    queues: Mutex<HashMap<(bool, LockKey), Arc<KeyQueue>>>,
 }
 
 #[derive(Default)]
@@ -64,19 +73,29 @@ impl RedisBackend {
     pub async fn connect(config: RedisConfig) -> Result<Self, Error> {
         let wake = Arc::new(WakeHub::default());
         let hub = Arc::clone(&wake);
+        let manager = |hub: Arc<WakeHub>| {
+            ConnectionManagerConfig::new()
+                .set_connection_timeout(Some(config.connect_timeout))
+                .set_response_timeout(Some(config.response_timeout))
+                .set_number_of_retries(1)
+                .set_automatic_resubscription()
+                .set_push_sender(move |push: PushInfo| {
+                    hub.on_push(push);
+                    Ok::<(), redis::aio::SendError>(())
+                })
+        };
+        let mut sync = None;
         let connector = match &config.deployment {
             Deployment::Server(server) => {
                 let client = server.client(NAME, server.resp3(), config.tls_ca.as_deref())?;
-                let cm = ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(config.connect_timeout))
-                    .set_response_timeout(Some(config.response_timeout))
-                    .set_number_of_retries(1)
-                    .set_automatic_resubscription()
-                    .set_push_sender(move |push: PushInfo| {
-                        hub.on_push(push);
-                        Ok::<(), redis::aio::SendError>(())
-                    });
-                Connector::Single(client, cm)
+                sync = Some(Source::Client(Box::new(client.clone())));
+                Connector::Single(client, manager(hub))
+            }
+            Deployment::Sentinel(target) => {
+                let client = target.client(NAME, config.tls_ca.as_deref())?;
+                let s = Arc::new(SentinelConnector::new(client, manager(hub)));
+                sync = Some(Source::Sentinel(Arc::clone(&s)));
+                Connector::Sentinel(s)
             }
             Deployment::Cluster(seeds) => {
                 let mut builder = ClusterClient::builder(seeds.iter().map(|s| s.resp3()));
@@ -107,15 +126,27 @@ impl RedisBackend {
                 Connector::Cluster(client)
             }
         };
-        let node = Node::new(NAME, connector, config.deployment.name());
+        let name = config.deployment.name();
+        let sync = config.replica_sync.zip(sync).map(|(wait, source)| {
+            ReplicaSync::new(
+                wait,
+                config.connect_timeout,
+                &config.prefix,
+                source,
+                name.clone(),
+            )
+        });
+        let node = Node::new(NAME, connector, name);
         node.conn().await?;
         Ok(Self {
             inner: Arc::new(Inner {
                 node,
+                sync,
                 config,
                 wake,
                 queues: Mutex::new(HashMap::new()),
             }),
+            elect: false,
         })
     }
 
@@ -150,23 +181,30 @@ impl RedisBackend {
 
     /// One attempt; in fair mode, `enqueue` joins the line (or refreshes our place in it).
     async fn attempt(&self, req: &LockRequest<'_>, enqueue: bool) -> Result<Option<Grant>, Error> {
-        let names = names(&self.inner.config.prefix, req.key);
+        let names = self.names(req.key);
+        let fence = FenceExpiry(self.inner.config.fence_ttl);
         let taken = match self.inner.config.fair {
             Some(grace) => {
                 self.inner
                     .node
-                    .take_fair(&names, req.owner, req.ttl, enqueue, grace)
+                    .take_fair(&names, req.owner, req.ttl, enqueue, grace, fence)
                     .await?
             }
             None => {
                 self.inner
                     .node
-                    .take(&names, req.owner, req.ttl, true)
+                    .take(&names, req.owner, req.ttl, Some(fence))
                     .await?
             }
         };
         match taken {
             Taken::Granted(token) => {
+                if let Some(sync) = &self.inner.sync
+                    && let Err(e) = sync.check(names.lock(), req.owner).await
+                {
+                    self.give_back(req.key, req.owner);
+                    return Err(e);
+                }
                 let grant = Grant::new(req.ttl_validity());
                 Ok(Some(match token {
                     Some(t) => grant.with_fencing(t),
@@ -180,20 +218,30 @@ impl RedisBackend {
     /// Fair mode: leaves the line after a wait that ended without the lock, in a task, so it
     /// happens even if nobody awaits it.
     fn leave_line(&self, key: &LockKey, owner: &leasehold_core::Owner) {
-        if self.inner.config.fair.is_none() {
-            return;
+        if self.inner.config.fair.is_some() {
+            self.give_back(key, owner);
         }
-        let (node, names, owner) = (
-            Arc::clone(&self.inner.node),
-            names(&self.inner.config.prefix, key),
-            owner.clone(),
-        );
+    }
+
+    /// Releases `owner`'s grant (or place in the fair line) on `key` in a task.
+    fn give_back(&self, key: &LockKey, owner: &leasehold_core::Owner) {
+        let fair = self.inner.config.fair.is_some();
+        let (node, names, owner) = (Arc::clone(&self.inner.node), self.names(key), owner.clone());
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             drop(rt.spawn(async move {
-                if let Err(e) = node.release(&names, &owner, true).await {
-                    tracing::debug!(error = %e, "leasehold-redis: leaving the fair queue failed");
+                if let Err(e) = node.release(&names, &owner, fair).await {
+                    tracing::debug!(error = %e, "leasehold-redis: giving a grant back failed");
                 }
             }));
+        }
+    }
+
+    /// The Redis names of `key`: a lock's, or in the election view an election's.
+    fn names(&self, key: &LockKey) -> Names {
+        if self.elect {
+            Names::election(&self.inner.config.prefix, key)
+        } else {
+            names(&self.inner.config.prefix, key)
         }
     }
 
@@ -203,7 +251,7 @@ impl RedisBackend {
             .queues
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        Arc::clone(queues.entry(key.clone()).or_default())
+        Arc::clone(queues.entry((self.elect, key.clone())).or_default())
     }
 
     /// Drops the local queue of `key` once nobody waits in it.
@@ -214,8 +262,12 @@ impl RedisBackend {
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         drop(queue);
-        if queues.get(key).is_some_and(|q| Arc::strong_count(q) == 1) {
-            queues.remove(key);
+        let entry = (self.elect, key.clone());
+        if queues
+            .get(&entry)
+            .is_some_and(|q| Arc::strong_count(q) == 1)
+        {
+            queues.remove(&entry);
         }
     }
 }
@@ -237,6 +289,22 @@ impl Drop for QueueGuard<'_> {
 
 #[async_trait]
 impl LockBackend for RedisBackend {
+    /// A `LockElection` over this server's locks under the election names (`…:elect`).
+    fn election(self: Arc<Self>, candidate: Candidate) -> Result<Arc<dyn ElectionBackend>, Error> {
+        let node = Arc::clone(&self.inner.node);
+        let locks = Self {
+            inner: Arc::clone(&self.inner),
+            elect: true,
+        };
+        let store = crate::election::RedisLeaders::new(node, self.inner.config.prefix.clone());
+        Ok(Arc::new(leasehold_core::LockElection::new(
+            Arc::new(locks),
+            Arc::new(store),
+            candidate,
+            crate::election::POLL,
+        )))
+    }
+
     fn capabilities(&self) -> Capabilities {
         CAPABILITIES
     }
@@ -251,14 +319,6 @@ impl LockBackend for RedisBackend {
             limit,
             CAPABILITIES,
         )))
-    }
-
-    fn election(self: Arc<Self>, _candidate: Candidate) -> Result<Arc<dyn ElectionBackend>, Error> {
-        Err(Error::unsupported_primitive(
-            NAME,
-            "elections",
-            "not built yet",
-        ))
     }
 
     async fn try_lock(&self, req: LockRequest<'_>) -> Result<Option<Grant>, Error> {
@@ -279,7 +339,7 @@ impl LockBackend for RedisBackend {
         let Ok(_turn) = tokio::time::timeout_at(deadline, q.turn.lock()).await else {
             return Ok(Waited::new(None, 0));
         };
-        let names = names(&self.inner.config.prefix, req.key);
+        let names = self.names(req.key);
         let sub = Subscription::new(
             &self.inner.node,
             &self.inner.wake,
@@ -318,7 +378,7 @@ impl LockBackend for RedisBackend {
     }
 
     async fn release(&self, held: Held<'_>) -> Result<bool, Error> {
-        let names = names(&self.inner.config.prefix, held.key);
+        let names = self.names(held.key);
         self.inner
             .node
             .release(&names, held.owner, self.inner.config.fair.is_some())
@@ -326,7 +386,7 @@ impl LockBackend for RedisBackend {
     }
 
     async fn extend(&self, req: ExtendRequest<'_>) -> Result<Option<Validity>, Error> {
-        let names = names(&self.inner.config.prefix, req.held.key);
+        let names = self.names(req.held.key);
         let ok = self
             .inner
             .node
@@ -349,7 +409,7 @@ impl LockBackend for RedisBackend {
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
-        let names = names(&self.inner.config.prefix, key);
+        let names = self.names(key);
         Ok(self
             .inner
             .node

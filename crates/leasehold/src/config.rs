@@ -6,7 +6,11 @@ use std::time::Duration;
 
 use leasehold_core::driver::{Opening, Target};
 use leasehold_core::redact;
-use leasehold_core::{Backoff, Drift, Error, LockOptions, Locker, PermitLimit, Renewal, Semaphore};
+use std::sync::Arc;
+
+use leasehold_core::{
+    Backoff, Drift, Error, LockBackend, LockOptions, Locker, PermitLimit, Renewal, Semaphore,
+};
 use serde::Deserialize;
 
 use crate::registry::{check_encoded, invalid, open, scheme_of};
@@ -393,6 +397,27 @@ impl LockConfig {
     /// monotonic fencing tokens (the error says what it lacks, from
     /// [`Capabilities::correctness_gap`](leasehold_core::Capabilities::correctness_gap)).
     pub async fn build(&self) -> Result<Locker, Error> {
+        let backend = self.checked_backend().await?;
+        Locker::from_arc(backend).with_options(self.lock_options())
+    }
+
+    /// Opens the backend and returns an [`Elector`](leasehold_core::Elector) for `key`
+    /// publishing `candidate`, with this configuration's options (its TTL is the leadership's).
+    ///
+    /// Fails as [`build`](Self::build) does (`require = "correctness"` applies to the
+    /// election), and with [`ErrorKind::Unsupported`](leasehold_core::ErrorKind::Unsupported)
+    /// and the backend's reason when it gives no elections (Redlock).
+    pub async fn build_elector(
+        &self,
+        key: impl leasehold_core::IntoLockKey,
+        candidate: leasehold_core::Candidate,
+    ) -> Result<leasehold_core::Elector, Error> {
+        let backend = self.checked_backend().await?;
+        leasehold_core::Elector::new(backend, key, candidate, self.lock_options())
+    }
+
+    /// The backend, opened and checked against `require`.
+    async fn checked_backend(&self) -> Result<Arc<dyn LockBackend>, Error> {
         let backend = self.opening()?.await?;
         if self.require == Require::Correctness
             && let Some(gap) = backend.capabilities().correctness_gap()
@@ -402,17 +427,20 @@ impl LockConfig {
                 backend.name()
             )));
         }
-        Locker::from_arc(backend).with_options(self.lock_options())
+        Ok(backend)
     }
 
     /// Opens the backend and returns a [`Semaphore`] of `permits` permits per key with this
-    /// configuration's options: [`build`](Self::build) (with its checks, `require` included:
-    /// a permit is as safe as a lock of its backend), then the backend's permit view. A
-    /// backend that gives no semaphores (Redlock) is refused with
-    /// [`ErrorKind::Unsupported`](leasehold_core::ErrorKind::Unsupported) and its reason.
+    /// configuration's options.
+    ///
+    /// Fails as [`build`](Self::build) does (`require = "correctness"` applies: a permit is as
+    /// safe as a lock of its backend), and with
+    /// [`ErrorKind::Unsupported`](leasehold_core::ErrorKind::Unsupported) and the backend's
+    /// reason when it gives no semaphores (Redlock).
     pub async fn build_semaphore(&self, permits: u32) -> Result<Semaphore, Error> {
         let limit = PermitLimit::new(permits)?;
-        Semaphore::from_locker(&self.build().await?, limit)
+        let backend = self.checked_backend().await?;
+        Semaphore::from_arc(backend, limit)?.with_options(self.lock_options())
     }
 
     fn redacted_backend(&self) -> String {

@@ -34,7 +34,7 @@ static MISSING: &[(&str, &str)] = &[
     #[cfg(not(feature = "redis"))]
     (
         "redis",
-        "redis rediss redis+unix unix redis-cluster redlock",
+        "redis rediss redis+unix unix redis-cluster redis+sentinel rediss+sentinel redlock",
     ),
     #[cfg(not(feature = "postgres"))]
     ("postgres", "postgres postgresql"),

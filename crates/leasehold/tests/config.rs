@@ -30,13 +30,17 @@ fn sample(scheme: &str) -> String {
         "redis+unix" => "redis+unix:///tmp/redis.sock".into(),
         "unix" => "unix:///tmp/redis.sock".into(),
         "redis-cluster" => "redis-cluster://127.0.0.1:7000,127.0.0.1:7001".into(),
+        "rediss-cluster" => "rediss-cluster://127.0.0.1:7000,127.0.0.1:7001".into(),
+        "redis+sentinel" | "rediss+sentinel" => {
+            format!("{scheme}://127.0.0.1:26379,127.0.0.1:26380/leasehold")
+        }
         "redlock" => "redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3".into(),
         "postgres" | "postgresql" => format!("{scheme}://u:p@127.0.0.1:5432/db"),
         "etcd" => format!("{scheme}://127.0.0.1:2379"),
         // etcds:// needs a CA file that exists and holds a certificate: the harness's.
         "etcds" => match leasehold_test_support::services::tls_ca() {
             Some(ca) => format!("etcds://127.0.0.1:2379?ca={}", ca.display()),
-            None if leasehold_test_support::services::is_ci() => {
+            None if !leasehold_test_support::services::may_skip() => {
                 panic!("no TLS CA from scripts/services for the etcds:// sample")
             }
             None => "etcd://127.0.0.1:2379".into(),

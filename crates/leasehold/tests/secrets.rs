@@ -126,6 +126,9 @@ fn urls(secret: &str) -> Vec<String> {
             "redis",
             "rediss",
             "redis-cluster",
+            "rediss-cluster",
+            "redis+sentinel",
+            "rediss+sentinel",
             "postgres",
             "etcd",
         ] {
@@ -150,6 +153,12 @@ fn urls(secret: &str) -> Vec<String> {
             out.push(format!("{unix}:///tmp/no-such.sock?db=x&pass={s}"));
         }
         out.push(format!("redis://u:{s}@127.0.0.1:1/0?fair_queue_ms=abc"));
+        out.push(format!(
+            "redis+sentinel://u:{s}@127.0.0.1:1,127.0.0.1:2/leasehold?sentinel_password={s}"
+        ));
+        out.push(format!(
+            "redis+sentinel://127.0.0.1:1/leasehold?sentinel_user=u&sentinel_password={s}&bogus=1"
+        ));
         out.push(format!("postgres://u:{s}@127.0.0.1:1/db?sslmode=bogus"));
         out.push(format!("etcd://u:{s}@127.0.0.1:1?timeout_ms=x"));
         out.push(format!("etcds://u:{s}@127.0.0.1:1?ca=/no/such/file"));

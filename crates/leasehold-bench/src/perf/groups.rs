@@ -94,6 +94,44 @@ async fn ours_redis(urls: Vec<String>, prefix: String, fair: bool) -> Result<Our
     Ours::new(backend)
 }
 
+/// Redis through Sentinel (the topology of `scripts/services`): ours, without and with the
+/// replica-sync check (`WAIT` for both replicas after each grant, on a connection of its own).
+async fn sentinel_subjects() -> Result<Vec<Subject>, BoxError> {
+    let sentinels = urls(Service::RedisSentinel)?;
+    let url = format!("redis+sentinel://{}/leasehold", sentinels.join(","));
+    let first = sentinels.first().ok_or("no sentinel")?;
+    let mut c = redis::Client::open(format!("redis://{first}"))?
+        .get_multiplexed_async_connection()
+        .await?;
+    let (host, port): (String, u16) = redis::cmd("SENTINEL")
+        .arg("get-master-addr-by-name")
+        .arg("leasehold")
+        .query_async(&mut c)
+        .await?;
+    let master = vec![format!("redis://{host}:{port}")];
+    let count = |t: &Tag| Count::Redis {
+        urls: master.clone(),
+        needle: t.prefix.clone(),
+    };
+    let synced = format!("{url}?replica_sync=2");
+    Ok(vec![
+        subject(
+            "leasehold RedisBackend via Sentinel",
+            Kind::Ours,
+            "perf-sentinel",
+            count,
+            move |t| ours_redis(vec![url.clone()], t.prefix, false),
+        ),
+        subject(
+            "leasehold RedisBackend via Sentinel, replica sync (WAIT 2)",
+            Kind::Ours,
+            "perf-sentinel-wait",
+            count,
+            move |t| ours_redis(vec![synced.clone()], t.prefix, false),
+        ),
+    ])
+}
+
 /// Redis (one node) or Redlock (several): ours, raw, and the peers. `count_urls` are the
 /// nodes reached directly (not through a proxy) for counting leftovers.
 fn redis_subjects(urls: &[String], count_urls: &[String]) -> Vec<Subject> {
@@ -405,6 +443,10 @@ pub(super) async fn build_group(name: &'static str, out: &Path) -> Result<Group,
             let url = urls(Service::Redis)?;
             ("redis (single node)".to_owned(), redis_subjects(&url, &url))
         }
+        "redis-sentinel" => (
+            "redis through Sentinel (master + 2 replicas)".to_owned(),
+            sentinel_subjects().await?,
+        ),
         "redlock3" | "redlock5" | "redlock7" => {
             let n = if name == "redlock3" {
                 3

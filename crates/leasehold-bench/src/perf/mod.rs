@@ -15,16 +15,25 @@
 //! way. After each scenario the keys or locks each implementation left on the servers are
 //! counted.
 //!
+//! The `fleet` group ([`fleet`]) holds 100, 1,000 and 10,000 leases in one process on each
+//! backend (1,000 under `--quick`), each in a process of its own: requests per renewal period
+//! read from the servers, connections, client CPU and memory per lease, a burst release and
+//! the locks it left.
+//!
 //! Three kinds of group measure something else ([`extras`], [`pinned`]): our Redis cycles at
 //! 64 tasks against `redis-benchmark`, the `LockLayer` overhead on the in-memory backend (on a
 //! current-thread runtime of its own), and PostgreSQL with the bench and the server pinned to
 //! different CPUs, every figure a median of repeats (run last, in a phase of their own).
 //!
+//! A last table ([`leftovers`]) shows what keys leave behind after release (Redis, file).
+//!
 //! `--quick` runs everything with tiny counts and fails (exit status 1) on any error,
 //! leftover or nonsensical figure; it never judges timings.
 
 mod extras;
+pub(crate) mod fleet;
 mod groups;
+mod leftovers;
 pub(crate) mod model;
 mod output;
 mod pinned;
@@ -63,7 +72,7 @@ fn setup_failed(rt: &str, name: &str, e: &BoxError) -> Row {
 async fn run_runtime(p: &Params, rt: &str, out: &Path) -> Vec<Row> {
     let mut rows = Vec::new();
     for &name in &GROUPS {
-        if !chosen(p, name) || is_pinned(name) || name == "tower-layer" {
+        if !chosen(p, name) || is_pinned(name) || name == "tower-layer" || name == "fleet" {
             continue;
         }
         let started = Instant::now();
@@ -143,6 +152,12 @@ pub(crate) fn main(out: &Path, runtimes: &[&str], p: &Params) -> Result<(), BoxE
     if chosen(p, "tower-layer") {
         rows.extend(extras::tower_layer(p));
     }
+    let mut fleet_rows = Vec::new();
+    if chosen(p, "fleet") {
+        for &flavour in runtimes {
+            fleet_rows.extend(fleet::run(flavour, p.quick));
+        }
+    }
     rows.extend(run_pinned(p, runtimes)?);
     let mut md = provenance.heading("leasehold-bench perf");
     let mut flavours = runtimes.to_vec();
@@ -154,16 +169,31 @@ pub(crate) fn main(out: &Path, runtimes: &[&str], p: &Params) -> Result<(), BoxE
             md.push_str(&t.markdown());
             md.push('\n');
         }
+        if let Some(t) = fleet::table(&fleet_rows, flavour) {
+            md.push_str(&t.markdown());
+            md.push('\n');
+        }
+    }
+    if leftovers::chosen(p) {
+        md.push_str(&leftovers::markdown(p, out)?);
+        md.push('\n');
     }
     let (md_path, csv_path) = report::write(out, "perf", &md, &output::csv(&rows))?;
-    let charts = output::charts(out, &rows, runtimes)?;
+    let mut charts = output::charts(out, &rows, runtimes)?;
+    if !fleet_rows.is_empty() {
+        std::fs::write(out.join("perf-fleet.csv"), fleet::csv(&fleet_rows))?;
+        for &flavour in runtimes {
+            charts += fleet::chart(out, &fleet_rows, flavour)?;
+        }
+    }
     eprintln!(
         "wrote {}, {} and {charts} chart(s) in {:.0} s",
         md_path.display(),
         csv_path.display(),
         started.elapsed().as_secs_f64()
     );
-    let problems = model::problems(&rows);
+    let mut problems = model::problems(&rows);
+    problems.extend(fleet::problems(&fleet_rows));
     if problems.is_empty() {
         eprintln!("perf: every implementation ran, no lock was left behind");
         Ok(())

@@ -64,10 +64,11 @@ impl Params {
 
 /// Every group name `--groups` accepts, in run order. The pinned groups run last, in a
 /// phase of their own (the CPU placement applies to them alone).
-pub(crate) const GROUPS: [&str; 16] = [
+pub(crate) const GROUPS: [&str; 18] = [
     "memory",
     "file",
     "redis",
+    "redis-sentinel",
     "redis-benchmark",
     "redlock3",
     "redlock5",
@@ -79,6 +80,7 @@ pub(crate) const GROUPS: [&str; 16] = [
     "etcd",
     "etcd-cluster",
     "tower-layer",
+    "fleet",
     "postgres-tcp-pinned",
     "postgres-unix-pinned",
 ];

@@ -440,7 +440,11 @@ pub(super) fn charts(out: &Path, rows: &[Row], runtimes: &[&str]) -> Result<usiz
         if !lines.is_empty() {
             let title = format!("Throughput on distinct keys against concurrency, {rt} runtime");
             let path = out.join(format!("perf-throughput-{rt}.svg"));
-            charts::lines(&path, &title, &lines).map_err(|e| e.to_string())?;
+            let axes = charts::Axes {
+                x: "concurrent tasks (C)",
+                y: "cycles/s (log scale)",
+            };
+            charts::lines(&path, &title, &axes, &lines).map_err(|e| e.to_string())?;
             n += 1;
         }
     }

@@ -94,15 +94,23 @@ pub(crate) fn hbars(
     Ok(())
 }
 
-/// Lines of `(x, y)` points, one per name, on log-log axes (`x`: concurrent tasks, `y`: a rate
-/// per second), with the legend below the plot.
+/// The axis descriptions of a [`lines`] chart.
+pub(crate) struct Axes<'a> {
+    pub(crate) x: &'a str,
+    pub(crate) y: &'a str,
+}
+
+/// Lines of `(x, y)` points, one per name, on log-log axes described by `axes`, with the
+/// legend below the plot.
 pub(crate) fn lines(
     path: &Path,
     title: &str,
+    axes: &Axes<'_>,
     lines: &[(String, Vec<(f64, f64)>)],
 ) -> DrawResult<()> {
     let points = || lines.iter().flat_map(|(_, pts)| pts.iter().copied());
     let max_c = points().map(|(x, _)| x).fold(1.0_f64, f64::max);
+    let min_c = points().map(|(x, _)| x).fold(max_c, f64::min).max(1.0);
     let (lo, hi) = points().fold((f64::MAX, 0.0_f64), |(lo, hi), (_, v)| {
         (lo.min(v), hi.max(v))
     });
@@ -117,11 +125,14 @@ pub(crate) fn lines(
         .margin(10)
         .x_label_area_size(35)
         .y_label_area_size(70)
-        .build_cartesian_2d((0.8..max_c * 1.25).log_scale(), (lo..hi).log_scale())?;
+        .build_cartesian_2d(
+            (min_c * 0.8..max_c * 1.25).log_scale(),
+            (lo..hi).log_scale(),
+        )?;
     chart
         .configure_mesh()
-        .x_desc("concurrent tasks (C)")
-        .y_desc("cycles/s (log scale)")
+        .x_desc(axes.x)
+        .y_desc(axes.y)
         .draw()?;
     for (i, (name, pts)) in lines.iter().enumerate() {
         let color = Palette99::pick(i).to_rgba();

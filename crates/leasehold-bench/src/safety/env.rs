@@ -33,6 +33,8 @@ pub(super) struct Env {
     pub(super) tag: String,
     pub(super) safety: Vec<String>,
     pub(super) clock_file: Option<PathBuf>,
+    /// The `redis+sentinel://` URL of the Sentinel topology (the failover faults).
+    pub(super) sentinel: Option<String>,
     pub(super) postgres: Option<String>,
     pub(super) etcd: Option<Vec<String>>,
     pub(super) etcd_cluster: Option<Vec<String>>,
@@ -68,6 +70,7 @@ impl Env {
             tag,
             safety,
             clock_file: services::var(SAFETY_CLOCK_VAR).map(PathBuf::from),
+            sentinel: services::var("LEASEHOLD_TEST_REDIS_SENTINEL_URL"),
             postgres: if want("postgres") {
                 need(Service::Postgres)?.into_iter().next()
             } else {

@@ -14,10 +14,14 @@ use crate::harness::BoxError;
 
 /// Runs `scripts/services ACTION NODE` for any node, including the dedicated ones.
 pub(super) async fn ctl(node: &str, action: NodeAction) -> Result<(), BoxError> {
+    script(&[action.as_str(), node]).await.map(drop)
+}
+
+/// Runs `scripts/services ARGS…`; its stdout, trimmed.
+pub(super) async fn script(args: &[&str]) -> Result<String, BoxError> {
     let mut cmd = tokio::process::Command::new("bash");
     cmd.arg(services::services_script())
-        .arg(action.as_str())
-        .arg(node)
+        .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -27,10 +31,11 @@ pub(super) async fn ctl(node: &str, action: NodeAction) -> Result<(), BoxError> 
     }
     let out = cmd.output().await?;
     if out.status.success() {
-        Ok(())
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
     } else {
         Err(format!(
-            "scripts/services {action} {node}: {}",
+            "scripts/services {}: {}",
+            args.join(" "),
             String::from_utf8_lossy(&out.stderr).trim()
         )
         .into())
@@ -108,7 +113,16 @@ pub(super) async fn revoke(endpoints: &[String], key: &str) -> Result<(), BoxErr
 
 /// The node name of the etcd cluster's leader (endpoints in etcd-c1..3 order).
 pub(super) async fn etcd_leader(endpoints: &[String]) -> Result<&'static str, BoxError> {
-    for _ in 0..50 {
+    let i = etcd_leader_index(endpoints).await?;
+    ETCD_CLUSTER_NODES
+        .get(i)
+        .copied()
+        .ok_or_else(|| format!("leader #{i} is not one of {ETCD_CLUSTER_NODES:?}").into())
+}
+
+/// The index in `endpoints` of the member that leads (once one does and says so).
+pub(super) async fn etcd_leader_index(endpoints: &[String]) -> Result<usize, BoxError> {
+    for _ in 0..100 {
         let mut ids = Vec::new();
         let mut leader = None;
         for ep in endpoints {
@@ -128,9 +142,8 @@ pub(super) async fn etcd_leader(endpoints: &[String]) -> Result<&'static str, Bo
         }
         if let Some(l) = leader
             && let Some(i) = ids.iter().position(|id| *id == Some(l))
-            && let Some(name) = ETCD_CLUSTER_NODES.get(i)
         {
-            return Ok(name);
+            return Ok(i);
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }

@@ -7,12 +7,16 @@
 //!
 //! Destructive Redis faults (restart, clock jump) hit the dedicated nodes `safety1..3` of
 //! `scripts/services`, never the shared ones; the etcd member kill stops and restarts one
-//! member of the shared 3-member cluster (the leader).
+//! member of the shared 3-member cluster (the leader). The network partition runs servers of
+//! its own in network namespaces (see [`partition`]; root only); the Redis failovers kill the
+//! master of the Sentinel topology (see [`failover`]).
 
 mod check;
 mod env;
+mod failover;
 mod faults;
 pub(crate) mod model;
+mod partition;
 mod render;
 mod trial;
 

@@ -9,7 +9,7 @@ use super::check::Writes;
 pub(crate) const BACKENDS: [&str; 6] = ["memory", "file", "redis", "redlock", "postgres", "etcd"];
 
 /// The faults, in table order, with their column titles.
-pub(crate) const FAULTS: [(&str, &str); 8] = [
+pub(crate) const FAULTS: [(&str, &str); 11] = [
     ("pause", "client pause past the TTL"),
     ("delay", "response delayed past the TTL"),
     ("restart", "node restarted empty"),
@@ -18,6 +18,9 @@ pub(crate) const FAULTS: [(&str, &str); 8] = [
     ("pg-terminate", "pg_terminate_backend"),
     ("member-kill", "etcd leader killed"),
     ("lease-revoke", "etcd lease revoked"),
+    ("partition", "network partition"),
+    ("failover", "Redis failover"),
+    ("failover-wait", "Redis failover, replica sync on"),
 ];
 
 /// Options of one run.
@@ -35,6 +38,8 @@ pub(super) fn applies(backend: &str, fault: &str) -> bool {
         "restart" | "restart-delayed" | "clock-jump" => matches!(backend, "redis" | "redlock"),
         "pg-terminate" => backend == "postgres",
         "member-kill" | "lease-revoke" => backend == "etcd",
+        "partition" => matches!(backend, "redlock" | "postgres" | "etcd"),
+        "failover" | "failover-wait" => backend == "redis",
         _ => false,
     }
 }
@@ -53,6 +58,13 @@ pub(super) fn must_not_overlap(backend: &str, fault: &str) -> Option<&'static st
         }
         ("file", "pause") => Some("a paused holder's process still holds the OS file lock"),
         ("etcd", "member-kill") => Some("the cluster keeps quorum, so the lease lives on"),
+        ("redis", "failover-wait") => {
+            Some("a grant counts only once both replicas have it, so the promoted one has it too")
+        }
+        ("redlock" | "postgres" | "etcd", "partition") => Some(
+            "the cut-off holder is told before its grant can end on the servers (validity \
+             counted from before its last renewal or health check was sent)",
+        ),
         ("redis" | "redlock", "restart-delayed") => Some(
             "the node returns only after every lease on it has run out (the documented mitigation)",
         ),
@@ -80,6 +92,13 @@ pub(super) fn must_take_over(backend: &str, fault: &str) -> Option<&'static str>
         }
         ("postgres", "pg-terminate") => Some("the terminated session's advisory lock is freed"),
         ("etcd", "lease-revoke") => Some("the revoked lease deletes the holder's key"),
+        ("redis", "failover" | "failover-wait") => {
+            Some("the promoted replica never saw A's grant (or A's grant never counted)")
+        }
+        ("redlock" | "postgres" | "etcd", "partition") => Some(
+            "the cut-off holder's grant ends on the servers (TTL, session expiry on the \
+             majority, the server's TCP keep-alives and user timeout)",
+        ),
         _ => None,
     }
 }

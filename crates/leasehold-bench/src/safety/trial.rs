@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use leasehold_core::Capabilities;
+use leasehold_test_support::netns::Net;
 use leasehold_test_support::proxy::FaultProxy;
 use leasehold_test_support::services::NodeAction;
 
@@ -28,7 +29,7 @@ pub(super) struct Outcome {
 }
 
 /// B tries `try_acquire` every 20 ms until it holds the lock (then writes once) or `until`.
-async fn contend(b: &Client, key: &str, until: Instant) -> bool {
+pub(super) async fn contend(b: &Client, key: &str, until: Instant) -> bool {
     loop {
         if b.acquire(key).await == Acquired::Held {
             let _ = b.write().await;
@@ -44,7 +45,7 @@ async fn contend(b: &Client, key: &str, until: Instant) -> bool {
 /// A takes the free lock and writes once. A fault while taking it (a node that answers more
 /// slowly than Redlock's per-node timeout, on a busy machine) is retried a few times: the
 /// trial starts only once A holds the lock.
-async fn a_takes(a: &Client, key: &str) -> Result<(), BoxError> {
+pub(super) async fn a_takes(a: &Client, key: &str) -> Result<(), BoxError> {
     let mut last = Acquired::Failed;
     for _ in 0..10 {
         last = a.acquire(key).await;
@@ -68,27 +69,30 @@ async fn a_takes(a: &Client, key: &str) -> Result<(), BoxError> {
 }
 
 /// A and B, both connected, and A's backend's capabilities.
-struct Pair {
-    a: Client,
-    b: Client,
+pub(super) struct Pair {
+    pub(super) a: Client,
+    pub(super) b: Client,
     caps: Capabilities,
 }
 
 /// One trial under way: the key, the checker, the proxies the fault put in (they live on this
-/// runtime, which never pauses), and whether A's grant came back expired.
-struct Run<'a> {
-    env: &'a Env,
-    key: String,
+/// runtime, which never pauses), whether A's grant came back expired, and the namespaces of a
+/// partition.
+pub(super) struct Run<'a> {
+    pub(super) env: &'a Env,
+    pub(super) key: String,
     trial: Arc<Trial>,
     proxies: Vec<FaultProxy>,
     late_grant: bool,
+    /// The network namespaces of a partition, dropped (servers and all) after the clients.
+    pub(super) net: Option<Net>,
 }
 
 impl Run<'_> {
     /// Starts A on `a` and B on `b` and connects both ahead: Redlock connects to its nodes
     /// lazily, and a first request that includes the connection can miss a 5 ms per-node
     /// timeout.
-    async fn start(&self, a: Spec, b: Spec, ttl: Duration) -> Result<Pair, BoxError> {
+    pub(super) async fn start(&self, a: Spec, b: Spec, ttl: Duration) -> Result<Pair, BoxError> {
         let (a, caps) = Client::start("A", Arc::clone(&self.trial), a.factory(ttl)).await?;
         let (b, _) = Client::start("B", Arc::clone(&self.trial), b.factory(ttl)).await?;
         for c in [&a, &b] {
@@ -320,6 +324,7 @@ pub(super) async fn trial(
         key,
         proxies: Vec::new(),
         late_grant: false,
+        net: None,
     };
     let t = timing(backend);
     let spec = plain_spec(env, backend)?;
@@ -331,6 +336,8 @@ pub(super) async fn trial(
         }
         "pg-terminate" | "lease-revoke" => run.server_drop(fault, spec, t.ttl).await?,
         "member-kill" => run.member_kill(t.ttl).await?,
+        "partition" => run.partition(backend, &t).await?,
+        "failover" | "failover-wait" => run.failover(fault == "failover-wait").await?,
         other => return Err(format!("unknown fault {other}").into()),
     };
     let Pair { a, b, caps } = pair;
@@ -339,6 +346,9 @@ pub(super) async fn trial(
     drop((a, b));
     for p in &run.proxies {
         p.pass();
+    }
+    if let Some(net) = run.net.take() {
+        tokio::task::spawn_blocking(move || drop(net)).await?;
     }
     Ok(Outcome {
         overlap: run.trial.overlapped(),

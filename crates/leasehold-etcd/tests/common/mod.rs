@@ -118,7 +118,7 @@ pub async fn target(service: Service, mode: LeaseMode, name: &str) -> Option<Tar
     )
 }
 
-fn expire_hook<F>(f: F) -> ExpireHook
+pub fn expire_hook<F>(f: F) -> ExpireHook
 where
     F: for<'a> Fn(&'a Lease) -> BoxFuture<'a, ()> + Send + Sync + 'static,
 {

@@ -26,6 +26,8 @@
 //! more than N holders over recorded grant intervals, with random holds, drops and
 //! cancellations), [`permits_freed`] (on release, drop and holder loss), [`permit_waiters_woken`],
 //! [`permit_limit_mismatch`] (refused), and [`permit_fairness`] (measured, not bounded).
+//!
+//! Backends that give elections also pass the checks of [`election`].
 
 /// Fails `check` with a formatted message unless `cond` holds.
 macro_rules! ensure {
@@ -36,6 +38,7 @@ macro_rules! ensure {
     };
 }
 
+pub mod election;
 mod exclusion;
 mod lifetime;
 mod robustness;

@@ -22,6 +22,13 @@ pub const ETCD_USER_VAR: &str = "LEASEHOLD_TEST_ETCD_USER";
 /// Name of the variable holding the password for [`Service::EtcdSecure`].
 pub const ETCD_PASSWORD_VAR: &str = "LEASEHOLD_TEST_ETCD_PASSWORD";
 
+/// Name of the variable holding the ACL user (with a password) of [`Service::Redis`], beside
+/// its default user without one.
+pub const REDIS_ACL_USER_VAR: &str = "LEASEHOLD_TEST_REDIS_ACL_USER";
+
+/// Name of the variable holding the password of [`REDIS_ACL_USER_VAR`].
+pub const REDIS_ACL_PASSWORD_VAR: &str = "LEASEHOLD_TEST_REDIS_ACL_PASSWORD";
+
 /// The root of the cargo workspace (two levels above this crate's manifest).
 pub fn workspace_root() -> PathBuf {
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -53,6 +60,8 @@ pub fn config() -> BTreeMap<String, String> {
         TLS_CA_VAR,
         ETCD_USER_VAR,
         ETCD_PASSWORD_VAR,
+        REDIS_ACL_USER_VAR,
+        REDIS_ACL_PASSWORD_VAR,
     ]);
     for key in keys {
         if let Some(value) = non_empty_var(key) {
@@ -75,10 +84,30 @@ pub fn tls_ca() -> Option<PathBuf> {
 
 /// Whether we run under CI: the `CI` variable is `true` or `1`.
 pub fn is_ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| {
-        let v = v.trim();
-        v == "1" || v.eq_ignore_ascii_case("true")
-    })
+    std::env::var("CI").is_ok_and(|v| truthy(&v))
+}
+
+/// The variable that lets a test whose service is missing skip: [`ALLOW_SKIP_VAR`]`=1`.
+pub const ALLOW_SKIP_VAR: &str = "LEASEHOLD_ALLOW_SKIP";
+
+/// Whether a test whose service is missing may skip instead of failing: only when
+/// [`ALLOW_SKIP_VAR`] is `1` (or `true`) and `CI` is not `true`/`1`. Anything else — `CI`
+/// unset, or `CI=false` inherited from a parent environment — fails, so a missing service
+/// never turns into a silent pass.
+pub fn may_skip() -> bool {
+    skip_allowed(
+        std::env::var("CI").ok().as_deref(),
+        std::env::var(ALLOW_SKIP_VAR).ok().as_deref(),
+    )
+}
+
+fn skip_allowed(ci: Option<&str>, allow_skip: Option<&str>) -> bool {
+    !ci.is_some_and(truthy) && allow_skip.is_some_and(truthy)
+}
+
+fn truthy(v: &str) -> bool {
+    let v = v.trim();
+    v == "1" || v.eq_ignore_ascii_case("true")
 }
 
 pub(super) fn non_empty_var(key: &str) -> Option<String> {
@@ -106,6 +135,20 @@ fn parse_env(text: &str) -> BTreeMap<String, String> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn only_an_explicit_opt_out_skips() {
+        use super::skip_allowed;
+        assert!(!skip_allowed(None, None));
+        assert!(
+            !skip_allowed(Some("false"), None),
+            "CI=false alone must not skip"
+        );
+        assert!(!skip_allowed(Some("0"), Some("0")));
+        assert!(!skip_allowed(Some("true"), Some("1")), "CI wins");
+        assert!(skip_allowed(None, Some("1")));
+        assert!(skip_allowed(Some("false"), Some("true")));
+    }
+
     use super::*;
 
     #[test]

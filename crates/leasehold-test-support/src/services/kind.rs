@@ -40,11 +40,21 @@ pub enum Service {
     /// (`LEASEHOLD_TEST_ETCD_SECURE_ENDPOINTS`, `host:port`; credentials in
     /// [`ETCD_USER_VAR`](super::ETCD_USER_VAR) / [`ETCD_PASSWORD_VAR`](super::ETCD_PASSWORD_VAR)).
     EtcdSecure,
+    /// The Redis Cluster of [`RedisCluster`](Service::RedisCluster) reached over TLS: each of
+    /// its nodes also listens for TLS clients, without client certificates or auth
+    /// (`LEASEHOLD_TEST_REDIS_CLUSTER_TLS_URLS`, comma-separated `rediss://` URLs; the
+    /// certificate chains to [`tls_ca`](super::tls_ca)). A TLS client is told the nodes' TLS
+    /// ports by `CLUSTER SLOTS` and in redirections.
+    RedisClusterTls,
+    /// Three Redis Sentinels watching a master and its two replicas as service `leasehold`
+    /// (`LEASEHOLD_TEST_REDIS_SENTINELS`, comma-separated `host:port` of the sentinels; the
+    /// `redis+sentinel://` URL of the service is in `LEASEHOLD_TEST_REDIS_SENTINEL_URL`).
+    RedisSentinel,
 }
 
 impl Service {
     /// Every service, in a fixed order.
-    pub const ALL: [Service; 10] = [
+    pub const ALL: [Service; 12] = [
         Service::Redis,
         Service::Redlock,
         Service::RedisCluster,
@@ -55,6 +65,8 @@ impl Service {
         Service::PgBouncer,
         Service::RedisTls,
         Service::EtcdSecure,
+        Service::RedisClusterTls,
+        Service::RedisSentinel,
     ];
 
     /// The variable (in the env file or the process environment) that holds
@@ -71,6 +83,8 @@ impl Service {
             Service::PgBouncer => "LEASEHOLD_TEST_PGBOUNCER_URL",
             Service::RedisTls => "LEASEHOLD_TEST_REDIS_TLS_URL",
             Service::EtcdSecure => "LEASEHOLD_TEST_ETCD_SECURE_ENDPOINTS",
+            Service::RedisClusterTls => "LEASEHOLD_TEST_REDIS_CLUSTER_TLS_URLS",
+            Service::RedisSentinel => "LEASEHOLD_TEST_REDIS_SENTINELS",
         }
     }
 
@@ -87,15 +101,22 @@ impl Service {
             Service::PgBouncer => "pgbouncer",
             Service::RedisTls => "redis-tls",
             Service::EtcdSecure => "etcd-secure",
+            Service::RedisClusterTls => "redis-cluster-tls",
+            Service::RedisSentinel => "redis-sentinel",
         }
     }
 
     pub(super) fn default_port(self) -> u16 {
         match self {
-            Service::Redis | Service::Redlock | Service::RedisCluster | Service::RedisTls => 6379,
+            Service::Redis
+            | Service::Redlock
+            | Service::RedisCluster
+            | Service::RedisTls
+            | Service::RedisClusterTls => 6379,
             Service::Postgres | Service::PostgresSocket => 5432,
             Service::PgBouncer => 6432,
             Service::Etcd | Service::EtcdCluster | Service::EtcdSecure => 2379,
+            Service::RedisSentinel => 26379,
         }
     }
 }

@@ -5,7 +5,7 @@ use std::io::{self, Write as _};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::Duration;
 
-use super::env::{config, env_file, is_ci};
+use super::env::{ALLOW_SKIP_VAR, config, env_file, may_skip};
 use super::kind::Service;
 use super::pg_socket::lookup_pg_socket;
 
@@ -134,7 +134,8 @@ pub fn lookup(service: Service) -> Result<Endpoints, Unavailable> {
 }
 
 /// The policy for tests: returns the service's endpoints when it is
-/// available; otherwise panics under CI (see [`is_ci`]) and, locally, writes
+/// available; otherwise panics, unless skipping is explicitly allowed (see
+/// [`may_skip`]: `LEASEHOLD_ALLOW_SKIP=1` outside CI), and then writes
 /// `SKIPPED: <service> not available (run scripts/services up)` to stderr and
 /// returns `None` so the test can return early. See [`require_service!`](crate::require_service).
 pub fn require(service: Service) -> Option<Endpoints> {
@@ -145,10 +146,11 @@ pub fn require(service: Service) -> Option<Endpoints> {
                 .name()
                 .map(|n| format!(" in test `{n}`"))
                 .unwrap_or_default();
-            if is_ci() {
+            if !may_skip() {
                 panic!(
-                    "{service} not available under CI{test}: {}; \
-                     run `scripts/services up` before the tests",
+                    "{service} not available{test}: {}; run `scripts/services up` before the \
+                     tests (or set {ALLOW_SKIP_VAR}=1, outside CI, to skip tests whose \
+                     service is missing)",
                     err.reason
                 );
             }

@@ -15,7 +15,10 @@
 //! The TLS servers use a throwaway CA whose certificate is at [`tls_ca`]
 //! (`LEASEHOLD_TEST_TLS_CA`); their certificate names `127.0.0.1` (IP SAN)
 //! and `localhost`. The etcd member with auth takes the user and password in
-//! `LEASEHOLD_TEST_ETCD_USER` / `LEASEHOLD_TEST_ETCD_PASSWORD` (see [`var`]).
+//! `LEASEHOLD_TEST_ETCD_USER` / `LEASEHOLD_TEST_ETCD_PASSWORD` (see [`var`]); the plain
+//! Redis also knows an ACL user with a password, `LEASEHOLD_TEST_REDIS_ACL_USER` /
+//! `LEASEHOLD_TEST_REDIS_ACL_PASSWORD`, and the Redis Cluster's nodes also listen for TLS
+//! clients ([`Service::RedisClusterTls`]).
 //!
 //! # The policy: [`require`] and [`require_service!`](crate::require_service)
 //!
@@ -38,9 +41,11 @@
 //!   environment) and every address in it accepts a TCP (or, for the
 //!   PostgreSQL socket, unix) connection within [`PROBE_TIMEOUT`]. A stale env
 //!   file left behind by `scripts/services down` therefore counts as missing.
-//! * When it is missing and `CI` is `true` or `1`, the test **panics** with a
-//!   message saying to run `scripts/services up`: CI never silently skips.
-//! * When it is missing locally, a line
+//! * When it is missing, the test **panics** with a message saying to run
+//!   `scripts/services up`: nothing silently skips, whatever `CI` says (a `CI=false`
+//!   inherited from a parent environment included).
+//! * Only with `LEASEHOLD_ALLOW_SKIP=1` (an explicit opt-out, ignored when `CI` is
+//!   `true` or `1`) does a missing service skip: a line
 //!   `SKIPPED: <service> not available (run scripts/services up)` is written
 //!   straight to the process's stderr (past libtest's output capture, so it
 //!   shows up in a plain `cargo test`) and the macro `return`s from the test.
@@ -61,8 +66,9 @@ mod nodes;
 mod pg_socket;
 
 pub use env::{
-    ETCD_PASSWORD_VAR, ETCD_USER_VAR, SERVICES_DIR_VAR, SERVICES_SCRIPT_VAR, TLS_CA_VAR, config,
-    env_file, is_ci, tls_ca, var, workspace_root,
+    ALLOW_SKIP_VAR, ETCD_PASSWORD_VAR, ETCD_USER_VAR, REDIS_ACL_PASSWORD_VAR, REDIS_ACL_USER_VAR,
+    SERVICES_DIR_VAR, SERVICES_SCRIPT_VAR, TLS_CA_VAR, config, env_file, is_ci, may_skip, tls_ca,
+    var, workspace_root,
 };
 pub use kind::Service;
 pub use lookup::{Endpoints, PROBE_TIMEOUT, Unavailable, lookup, require};

@@ -1,0 +1,308 @@
+//! The `fleet` group of `leasehold-bench perf`: one process holding N leases (N = 100, 1,000
+//! and 10,000; 1,000 under `--quick`) on Redis, Redlock (5 nodes), a Redis Cluster,
+//! PostgreSQL and etcd, with a 3 s TTL (a renewal period, TTL / 3, of 1 s).
+//!
+//! Each (backend, N) runs in a process of its own ([`child`], the hidden `__fleet`
+//! subcommand), so that CPU time, memory and connections are that backend's alone. It
+//! measures the time to take all N leases (64 acquisitions in flight, transient faults retried
+//! within each one's budget), then over the hold window: the
+//! requests each server counted per renewal period ([`probe`]: Redis `INFO commandstats`
+//! script calls and the reads it served, PostgreSQL `pg_stat_database.xact_commit`, etcd's gRPC
+//! messages from `/metrics`; the busiest node's figure), the TCP connections to the servers
+//! (from `/proc`, the probe's own taken out) and PostgreSQL's sessions (`pg_stat_activity` rows
+//! with the backend's `application_name`), client CPU (`getrusage`, user + system, % of one
+//! core) and resident memory growth per lease; then the time to release all N at once, and
+//! the locks left at once and after the settle time (5 s; the backend still connected, so a
+//! lock a live session still carries shows); and the leases lost while held.
+//!
+//! The group fails (as every `perf` failure: exit status 1) on any error, any lost lease, any
+//! lock left after the settle time, or more PostgreSQL sessions than `max_sessions` — never on
+//! a timing.
+
+mod child;
+mod probe;
+mod table;
+
+use std::time::Duration;
+
+use crate::harness::{BoxError, runtime};
+
+pub(super) use table::{chart, csv, table};
+
+/// The TTL of every lease of the fleet scenario.
+pub(super) const FLEET_TTL: Duration = Duration::from_secs(3);
+
+/// The backends measured, in run order.
+const BACKENDS: [&str; 5] = ["redis", "redlock5", "redis-cluster", "postgres", "etcd"];
+
+/// What one child process measures.
+#[derive(Debug, Clone)]
+pub(crate) struct Spec {
+    pub(crate) backend: String,
+    pub(crate) n: usize,
+    pub(crate) runtime: String,
+    pub(crate) hold: Duration,
+    pub(crate) settle: Duration,
+}
+
+/// What one child measured.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(super) struct Measured {
+    pub(super) acquire: Duration,
+    pub(super) hold: Duration,
+    /// Server nodes counted.
+    pub(super) nodes: usize,
+    /// Top-level script calls per renewal period on the busiest node (Redis only).
+    pub(super) scripts_per_period: Option<f64>,
+    /// Requests per renewal period on the busiest node.
+    pub(super) requests_per_period: Option<f64>,
+    pub(super) connections: usize,
+    pub(super) pg_sessions: Option<u64>,
+    pub(super) pg_bound: Option<u64>,
+    pub(super) cpu_pct: f64,
+    pub(super) rss_per_lease: f64,
+    pub(super) release: Duration,
+    pub(super) release_errors: usize,
+    pub(super) left_at_once: u64,
+    pub(super) left_later: u64,
+    pub(super) lost: usize,
+}
+
+/// One row of the fleet table.
+#[derive(Debug, Clone)]
+pub(super) struct FleetRow {
+    pub(super) runtime: String,
+    pub(super) backend: String,
+    pub(super) n: usize,
+    pub(super) result: Result<Measured, String>,
+}
+
+/// The marker of the child's result line on its stdout.
+const LINE: &str = "fleet-result";
+
+impl Measured {
+    /// The child's result line: `fleet-result` and `name=value` fields, tab-separated.
+    fn line(&self) -> String {
+        let opt = |x: Option<f64>| x.map_or_else(|| "-".to_owned(), |x| format!("{x}"));
+        let opt_u = |x: Option<u64>| x.map_or_else(|| "-".to_owned(), |x| x.to_string());
+        [
+            LINE.to_owned(),
+            format!("acquire_ns={}", self.acquire.as_nanos()),
+            format!("hold_ns={}", self.hold.as_nanos()),
+            format!("nodes={}", self.nodes),
+            format!("scripts={}", opt(self.scripts_per_period)),
+            format!("requests={}", opt(self.requests_per_period)),
+            format!("connections={}", self.connections),
+            format!("pg_sessions={}", opt_u(self.pg_sessions)),
+            format!("pg_bound={}", opt_u(self.pg_bound)),
+            format!("cpu_pct={}", self.cpu_pct),
+            format!("rss_per_lease={}", self.rss_per_lease),
+            format!("release_ns={}", self.release.as_nanos()),
+            format!("release_errors={}", self.release_errors),
+            format!("left_at_once={}", self.left_at_once),
+            format!("left_later={}", self.left_later),
+            format!("lost={}", self.lost),
+        ]
+        .join("\t")
+    }
+
+    /// Reads a child's result line back.
+    fn parse(line: &str) -> Result<Self, BoxError> {
+        let mut fields = std::collections::HashMap::new();
+        let mut parts = line.trim_end().split('\t');
+        if parts.next() != Some(LINE) {
+            return Err(format!("not a fleet result line: {line:?}").into());
+        }
+        for p in parts {
+            let (k, v) = p.split_once('=').ok_or("a field without '='")?;
+            fields.insert(k, v);
+        }
+        let get = |k: &str| {
+            fields
+                .get(k)
+                .copied()
+                .ok_or_else(|| format!("no {k} in the fleet result"))
+        };
+        let f = |k: &str| -> Result<f64, BoxError> { Ok(get(k)?.parse()?) };
+        let u = |k: &str| -> Result<u64, BoxError> { Ok(get(k)?.parse()?) };
+        let of = |k: &str| -> Result<Option<f64>, BoxError> {
+            Ok(match get(k)? {
+                "-" => None,
+                v => Some(v.parse()?),
+            })
+        };
+        let ou = |k: &str| -> Result<Option<u64>, BoxError> {
+            Ok(match get(k)? {
+                "-" => None,
+                v => Some(v.parse()?),
+            })
+        };
+        let nanos = |k: &str| -> Result<Duration, BoxError> { Ok(Duration::from_nanos(u(k)?)) };
+        Ok(Self {
+            acquire: nanos("acquire_ns")?,
+            hold: nanos("hold_ns")?,
+            nodes: usize::try_from(u("nodes")?)?,
+            scripts_per_period: of("scripts")?,
+            requests_per_period: of("requests")?,
+            connections: usize::try_from(u("connections")?)?,
+            pg_sessions: ou("pg_sessions")?,
+            pg_bound: ou("pg_bound")?,
+            cpu_pct: f("cpu_pct")?,
+            rss_per_lease: f("rss_per_lease")?,
+            release: nanos("release_ns")?,
+            release_errors: usize::try_from(u("release_errors")?)?,
+            left_at_once: u("left_at_once")?,
+            left_later: u("left_later")?,
+            lost: usize::try_from(u("lost")?)?,
+        })
+    }
+}
+
+/// The hidden `__fleet` subcommand: runs one measurement and prints its result line.
+pub(crate) fn child_main(spec: &Spec) -> Result<(), BoxError> {
+    let rt = runtime(&spec.runtime)?;
+    let m = rt.block_on(child::measure(spec))?;
+    println!("{}", m.line());
+    rt.shutdown_timeout(Duration::from_secs(2));
+    Ok(())
+}
+
+/// Runs one child process for `spec` and reads its result.
+fn run_child(spec: &Spec) -> Result<Measured, BoxError> {
+    let exe = std::env::current_exe()?;
+    let out = std::process::Command::new(exe)
+        .arg("__fleet")
+        .args(["--backend", &spec.backend])
+        .args(["--n", &spec.n.to_string()])
+        .args(["--runtime", &spec.runtime])
+        .args(["--hold-ms", &spec.hold.as_millis().to_string()])
+        .args(["--settle-ms", &spec.settle.as_millis().to_string()])
+        .stderr(std::process::Stdio::inherit())
+        .output()?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    match stdout.lines().find(|l| l.starts_with(LINE)) {
+        Some(line) if out.status.success() => Measured::parse(line),
+        _ => Err(format!("the measurement process failed ({})", out.status).into()),
+    }
+}
+
+/// Every backend at every N on runtime `rt`, each in a process of its own.
+pub(super) fn run(rt: &str, quick: bool) -> Vec<FleetRow> {
+    let (sizes, hold, settle): (&[usize], _, _) = if quick {
+        (&[1_000], Duration::from_secs(3), Duration::from_secs(2))
+    } else {
+        (
+            &[100, 1_000, 10_000],
+            Duration::from_secs(10),
+            Duration::from_secs(5),
+        )
+    };
+    let mut rows = Vec::new();
+    for backend in BACKENDS {
+        for &n in sizes {
+            let spec = Spec {
+                backend: backend.to_owned(),
+                n,
+                runtime: rt.to_owned(),
+                hold,
+                settle,
+            };
+            let started = std::time::Instant::now();
+            let result = run_child(&spec).map_err(|e| e.to_string());
+            eprintln!(
+                "perf [{rt}] fleet {backend} N={n}: {:.1} s",
+                started.elapsed().as_secs_f64()
+            );
+            rows.push(FleetRow {
+                runtime: rt.to_owned(),
+                backend: backend.to_owned(),
+                n,
+                result,
+            });
+        }
+    }
+    rows
+}
+
+/// What makes the fleet group fail: errors, lost leases, locks left after the settle time,
+/// PostgreSQL sessions above the pool's bound. Never a timing.
+pub(super) fn problems(rows: &[FleetRow]) -> Vec<String> {
+    let mut v = Vec::new();
+    for r in rows {
+        let what = format!("[{}] fleet / {} / N={}", r.runtime, r.backend, r.n);
+        match &r.result {
+            Err(e) => v.push(format!("{what}: {e}")),
+            Ok(m) => {
+                if m.lost > 0 {
+                    v.push(format!("{what}: {} lease(s) lost while held", m.lost));
+                }
+                if m.left_later > 0 {
+                    v.push(format!(
+                        "{what}: {} lock(s) left after the burst release",
+                        m.left_later
+                    ));
+                }
+                if let (Some(s), Some(b)) = (m.pg_sessions, m.pg_bound)
+                    && s > b
+                {
+                    v.push(format!(
+                        "{what}: {s} PostgreSQL sessions, above max_sessions = {b}"
+                    ));
+                }
+            }
+        }
+    }
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_result_line_reads_back_and_problems_never_judge_timings() {
+        let m = Measured {
+            acquire: Duration::from_millis(1500),
+            hold: Duration::from_secs(10),
+            nodes: 5,
+            scripts_per_period: Some(12.5),
+            requests_per_period: None,
+            connections: 5,
+            pg_sessions: Some(11),
+            pg_bound: Some(10),
+            cpu_pct: 1.5,
+            rss_per_lease: 512.0,
+            release: Duration::from_millis(900),
+            left_at_once: 3,
+            lost: 1,
+            ..Measured::default()
+        };
+        assert_eq!(Measured::parse(&m.line()).unwrap(), m);
+        let row = |m: Measured| FleetRow {
+            runtime: "rt".into(),
+            backend: "postgres".into(),
+            n: 1000,
+            result: Ok(m),
+        };
+        let p = problems(&[row(m.clone())]);
+        assert_eq!(p.len(), 2, "{p:?}");
+        assert!(p[0].contains("1 lease(s) lost") && p[1].contains("above max_sessions"));
+        let slow = Measured {
+            acquire: Duration::from_secs(3600),
+            release: Duration::from_secs(3600),
+            left_later: 0,
+            lost: 0,
+            pg_sessions: Some(10),
+            ..m
+        };
+        assert!(
+            problems(&[row(slow.clone())]).is_empty(),
+            "timings never fail"
+        );
+        let left = Measured {
+            left_later: 2,
+            ..slow
+        };
+        assert!(problems(&[row(left)])[0].contains("2 lock(s) left"));
+    }
+}

@@ -1,0 +1,192 @@
+//! The fleet group's table (one per runtime), its CSV lines and its charts of cost against N.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use super::child::{ACQUIRE_BUDGET, IN_FLIGHT, REDLOCK_NODE_TIMEOUT};
+use super::{FLEET_TTL, FleetRow, Measured};
+use crate::report::charts::{self, Axes};
+use crate::report::{Table, csv_text};
+use crate::stats::ms;
+
+fn per_period(x: Option<f64>) -> String {
+    x.map_or_else(|| "–".into(), |x| format!("{x:.0}"))
+}
+
+fn cells(m: &Measured) -> Vec<String> {
+    let sessions = match (m.pg_sessions, m.pg_bound) {
+        (Some(s), Some(b)) => format!("{s} (bound {b})"),
+        _ => "–".into(),
+    };
+    vec![
+        ms(m.acquire),
+        m.nodes.to_string(),
+        per_period(m.scripts_per_period),
+        per_period(m.requests_per_period),
+        m.connections.to_string(),
+        sessions,
+        format!("{:.2} %", m.cpu_pct),
+        format!("{:.0} B", m.rss_per_lease),
+        ms(m.release),
+        m.release_errors.to_string(),
+        m.left_at_once.to_string(),
+        m.left_later.to_string(),
+        m.lost.to_string(),
+    ]
+}
+
+/// The fleet table of runtime `rt` (`None` if the group did not run on it).
+pub(in crate::perf) fn table(rows: &[FleetRow], rt: &str) -> Option<Table> {
+    let mine: Vec<&FleetRow> = rows.iter().filter(|r| r.runtime == rt).collect();
+    let hold = mine
+        .iter()
+        .find_map(|r| r.result.as_ref().ok().map(|m| m.hold))?;
+    let mut t = Table::new(
+        &format!("Fleet: N leases held by one process, {rt} runtime"),
+        &[
+            "backend",
+            "N",
+            "acquire all",
+            "nodes",
+            "script calls / renewal period / node",
+            "requests / renewal period / node",
+            "server connections",
+            "PostgreSQL sessions",
+            "client CPU (% of a core)",
+            "RSS / lease",
+            "release all (one burst)",
+            "release errors",
+            "locks left at once",
+            "locks left after settle",
+            "leases lost",
+        ],
+    );
+    for r in &mine {
+        let mut row = vec![r.backend.clone(), r.n.to_string()];
+        match &r.result {
+            Ok(m) => row.extend(cells(m)),
+            Err(e) => row.push(format!("**failed**: {}", e.replace('|', "/"))),
+        }
+        t.row(row);
+    }
+    t.note(format!(
+        "TTL {FLEET_TTL:?}, renewal period TTL / 3. Acquire all: {IN_FLIGHT} acquisitions in \
+         flight, each an `acquire` with a {ACQUIRE_BUDGET:?} budget (a transient fault is \
+         retried); Redlock with a per-node timeout of {REDLOCK_NODE_TIMEOUT:?}. Counters over a hold window of {}, the \
+         busiest node's figure. Script calls: the top-level `eval`/`evalsha`/`fcall` (and `_ro`) \
+         calls of Redis `INFO commandstats` (a script renewing many leases counts once; the \
+         commands it runs inside are left out). Requests: Redis `total_reads_processed` (round trips: \
+         commands pipelined together arrive in one read; the probe's own `INFO` calls included), PostgreSQL `pg_stat_database.xact_commit` of the \
+         database (the probe's own queries included), etcd `grpc_server_msg_received_total` of \
+         `/metrics` (every gRPC message, keep-alives included). Server connections: this \
+         process's established TCP connections to the servers (`/proc`), the probe's own taken \
+         out; PostgreSQL sessions: the most `pg_stat_activity` rows with the backend's \
+         `application_name` seen while holding. Client CPU: `getrusage` user + system over the \
+         hold window; RSS / lease: resident memory growth from before the N acquisitions to \
+         the end of the hold, over N. Each (backend, N) runs in a process of its own. Locks \
+         left after settle: counted with the backend still connected (a TTL backend's keys \
+         expire by then anyway; the figure shows what a live session still carries).",
+        ms(hold)
+    ));
+    Some(t)
+}
+
+/// The CSV of the fleet rows.
+pub(in crate::perf) fn csv(rows: &[FleetRow]) -> String {
+    let mut s = String::from(
+        "runtime,backend,n,error,acquire_ms,nodes,scripts_per_period,requests_per_period,\
+         connections,pg_sessions,cpu_pct,rss_per_lease,release_ms,release_errors,left_at_once,\
+         left_later,lost\n",
+    );
+    for r in rows {
+        let head = format!("{},{},{}", csv_text(&r.runtime), csv_text(&r.backend), r.n);
+        match &r.result {
+            Err(e) => {
+                let _ = writeln!(s, "{head},{}{}", csv_text(e), ",".repeat(13));
+            }
+            Ok(m) => {
+                let o = |x: Option<f64>| x.map(|x| format!("{x:.1}")).unwrap_or_default();
+                let _ = writeln!(
+                    s,
+                    "{head},,{:.3},{},{},{},{},{},{:.3},{:.0},{:.3},{},{},{},{}",
+                    m.acquire.as_secs_f64() * 1e3,
+                    m.nodes,
+                    o(m.scripts_per_period),
+                    o(m.requests_per_period),
+                    m.connections,
+                    m.pg_sessions.map(|x| x.to_string()).unwrap_or_default(),
+                    m.cpu_pct,
+                    m.rss_per_lease,
+                    m.release.as_secs_f64() * 1e3,
+                    m.release_errors,
+                    m.left_at_once,
+                    m.left_later,
+                    m.lost
+                );
+            }
+        }
+    }
+    s
+}
+
+/// One line per backend: `figure` of each N it measured (positive figures only: log axes).
+fn lines_of(
+    rows: &[&FleetRow],
+    figure: impl Fn(&Measured) -> Option<f64>,
+) -> Vec<(String, Vec<(f64, f64)>)> {
+    let mut lines: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
+    for r in rows {
+        let Some(y) = r
+            .result
+            .as_ref()
+            .ok()
+            .and_then(&figure)
+            .filter(|y| *y > 0.0)
+        else {
+            continue;
+        };
+        let point = (r.n as f64, y);
+        match lines.iter_mut().find(|(l, _)| *l == r.backend) {
+            Some((_, pts)) => pts.push(point),
+            None => lines.push((r.backend.clone(), vec![point])),
+        }
+    }
+    lines
+}
+
+/// The charts of cost against N of runtime `rt`: server requests per renewal period, and
+/// client CPU; returns how many files it wrote.
+pub(in crate::perf) fn chart(out: &Path, rows: &[FleetRow], rt: &str) -> Result<usize, String> {
+    let mine: Vec<&FleetRow> = rows.iter().filter(|r| r.runtime == rt).collect();
+    type Figure = fn(&Measured) -> Option<f64>;
+    let figures: [(&str, &str, &str, Figure); 2] = [
+        (
+            "requests",
+            "Server requests per renewal period (busiest node) against N",
+            "requests / renewal period (log scale)",
+            |m| m.requests_per_period,
+        ),
+        (
+            "cpu",
+            "Client CPU while holding N leases against N",
+            "% of one core (log scale)",
+            |m| Some(m.cpu_pct),
+        ),
+    ];
+    let mut n = 0;
+    for (name, title, y, figure) in figures {
+        let lines = lines_of(&mine, figure);
+        if lines.is_empty() {
+            continue;
+        }
+        let path = out.join(format!("perf-fleet-{name}-{rt}.svg"));
+        let axes = Axes {
+            x: "leases held (N, log scale)",
+            y,
+        };
+        charts::lines(&path, &format!("{title}, {rt} runtime"), &axes, &lines)
+            .map_err(|e| e.to_string())?;
+        n += 1;
+    }
+    Ok(n)
+}

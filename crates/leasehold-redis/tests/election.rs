@@ -1,0 +1,120 @@
+//! Elections on one real Redis server and on a real Redis Cluster: the election checks, the
+//! names (an election never touches the lock of its key), and Redlock's refusal.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use leasehold_core::{Candidate, Elector, ErrorKind, LockBackend, Locker};
+use leasehold_redis::RedisBackend;
+use leasehold_test_support::conformance::election::ElectionTarget;
+use leasehold_test_support::require_service;
+use leasehold_test_support::services::Service;
+
+/// Without an expiry hook the loss check lets an unrenewed leadership expire (1 s TTL); the
+/// wait is native (a wake-up on release), so a hand-over is far under the TTL.
+fn target_of(primary: RedisBackend, other: RedisBackend) -> ElectionTarget {
+    let (primary, other): (Arc<dyn LockBackend>, Arc<dyn LockBackend>) =
+        (Arc::new(primary), Arc::new(other));
+    ElectionTarget::new(
+        primary,
+        other,
+        Duration::from_secs(1),
+        Duration::from_millis(500),
+    )
+}
+
+mod single {
+    use super::*;
+
+    async fn target() -> Option<ElectionTarget> {
+        let ep = require_service!(Service::Redis, None);
+        let prefix = common::prefix("redis-elect");
+        let (a, b) = (
+            common::redis(ep.url(), &prefix).await,
+            common::redis(ep.url(), &prefix).await,
+        );
+        Some(target_of(a, b))
+    }
+
+    leasehold_test_support::election_tests!(target);
+}
+
+mod cluster {
+    use super::*;
+
+    async fn target() -> Option<ElectionTarget> {
+        let ep = require_service!(Service::RedisCluster, None);
+        let prefix = common::prefix("cluster-elect");
+        let (a, b) = (
+            common::redis_cluster(ep.urls(), &prefix).await,
+            common::redis_cluster(ep.urls(), &prefix).await,
+        );
+        Some(target_of(a, b))
+    }
+
+    leasehold_test_support::election_tests!(target);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_election_keeps_to_its_own_names() {
+    let ep = require_service!(Service::Redis);
+    let prefix = common::prefix("elect-names");
+    let backend = common::redis(ep.url(), &prefix).await;
+    let raw = redis::Client::open(ep.url()).unwrap_or_else(|e| panic!("{e}"));
+    let mut conn = raw
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let shared: Arc<dyn LockBackend> = Arc::new(backend);
+    let options =
+        leasehold_test_support::harness::options(Duration::from_secs(5), Default::default());
+    let me = Candidate::new("10.0.0.1:80").unwrap_or_else(|e| panic!("{e}"));
+    let e = Elector::new(Arc::clone(&shared), "job", me, options).unwrap_or_else(|e| panic!("{e}"));
+    let lead = e
+        .campaign_for(Duration::from_secs(5))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let lock = Locker::from_arc(shared).try_acquire("job").await;
+    assert!(
+        lock.unwrap_or_else(|e| panic!("{e}")).is_some(),
+        "the election took the lock"
+    );
+    let stored: Option<String> = redis::cmd("GET")
+        .arg(format!("{prefix}{{job}}:elect:leader"))
+        .query_async(&mut conn)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(stored.is_some_and(|s| s.ends_with("\n10.0.0.1:80")));
+    let fence: Option<u64> = redis::cmd("GET")
+        .arg(format!("{prefix}{{job}}:elect:fence"))
+        .query_async(&mut conn)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        fence,
+        Some(lead.term().get()),
+        "the term is the election's fence counter"
+    );
+    assert!(lead.resign().await.unwrap_or_else(|e| panic!("{e}")));
+    let left: Option<String> = redis::cmd("GET")
+        .arg(format!("{prefix}{{job}}:elect:leader"))
+        .query_async(&mut conn)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(left, None, "resigning removes the value");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_refuses_elections_with_a_reason() {
+    let ep = require_service!(Service::Redlock);
+    let backend: Arc<dyn LockBackend> =
+        Arc::new(common::redlock(ep.urls(), &common::prefix("redlock-elect")));
+    assert!(!backend.capabilities().elections);
+    let me = Candidate::new("x").unwrap_or_else(|e| panic!("{e}"));
+    let err = Elector::new(backend, "k", me, Default::default()).err();
+    let err = err.unwrap_or_else(|| panic!("Redlock gave an election"));
+    assert_eq!(err.kind(), ErrorKind::Unsupported);
+    assert!(err.to_string().contains("elections"), "{err}");
+}
