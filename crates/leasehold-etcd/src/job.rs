@@ -1,5 +1,7 @@
 //! The etcd part of one acquisition, run in a task of its own, and the grant it makes.
 
+mod permits;
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -18,11 +20,13 @@ use tokio::time::Instant;
 
 use crate::NAME;
 use crate::client::{
-    Inner, LocalSlot, checked_revision, finish, first_created, first_kv, revision, token,
+    Inner, LocalSlot, all_kvs, checked_revision, finish, first_created, first_kv, revision, token,
     waiter_key,
 };
 use crate::config::LeaseMode;
 use crate::session::Session;
+
+pub(crate) use permits::Limit;
 
 /// The queued recipe under `prefix`, writing `req.owner` as our key's value: locks, and (with
 /// the candidate value as owner) election campaigns. In session mode, an in-process slot per
@@ -33,9 +37,23 @@ pub(crate) async fn lock_under(
     req: LockRequest<'_>,
     mode: Mode,
 ) -> Result<Option<Grant>, Error> {
-    let (session, slot) = match inner.config.lease_mode {
-        LeaseMode::PerLock => (None, None),
-        LeaseMode::Session => loop {
+    queue_under(inner, prefix, Queue::One, req, mode).await
+}
+
+/// The queued recipe under `prefix` for `queue`: one holder (locks, elections), or the
+/// `limit` oldest keys (semaphores, whose keys are unique per acquisition and need no
+/// in-process slot).
+pub(crate) async fn queue_under(
+    inner: &Arc<Inner>,
+    prefix: Vec<u8>,
+    queue: Queue,
+    req: LockRequest<'_>,
+    mode: Mode,
+) -> Result<Option<Grant>, Error> {
+    let (session, slot) = match (inner.config.lease_mode, &queue) {
+        (LeaseMode::PerLock, _) => (None, None),
+        (LeaseMode::Session, Queue::Permits(_)) => (Some(inner.session(req.ttl).await?), None),
+        (LeaseMode::Session, Queue::One) => loop {
             let session = inner.session(req.ttl).await?;
             let key = waiter_key(&prefix, session.id());
             let slot = LocalSlot::new(inner, key);
@@ -58,7 +76,7 @@ pub(crate) async fn lock_under(
         },
     };
     let (tx, rx) = oneshot::channel();
-    let job = Job::new(inner, prefix, &req, mode, session, slot);
+    let job = Job::new(inner, prefix, queue, &req, mode, session, slot);
     // The etcd part runs in its own task, so a request that was sent always has its outcome
     // seen: if our caller is gone by then, the task deletes what it created.
     tokio::spawn(job.run(tx));
@@ -100,13 +118,27 @@ pub(crate) async fn first_holder(
     inner: &Inner,
     prefix: String,
 ) -> Result<Option<HolderInfo>, Error> {
+    Ok(holders(inner, prefix, 1).await?.into_iter().next())
+}
+
+/// What etcd says of the `n` oldest keys under `prefix`, oldest first: the holders.
+pub(crate) async fn holders(
+    inner: &Inner,
+    prefix: String,
+    n: u32,
+) -> Result<Vec<HolderInfo>, Error> {
     let resp = inner
-        .get("inspect", prefix.into_bytes(), Some(first_created()))
+        .get("inspect", prefix.into_bytes(), Some(permits::oldest(n)))
         .await
         .map_err(|e| e.into_core("inspect"))?;
-    let Some(holder) = resp.kvs().first() else {
-        return Ok(None);
-    };
+    let mut found = Vec::with_capacity(resp.kvs().len());
+    for holder in resp.kvs() {
+        found.push(holder_info(inner, holder).await?);
+    }
+    Ok(found)
+}
+
+async fn holder_info(inner: &Inner, holder: &KeyValue) -> Result<HolderInfo, Error> {
     let mut info = HolderInfo::unknown()
         .with_fencing(token(holder.create_revision())?)
         .with_detail(format!(
@@ -130,7 +162,7 @@ pub(crate) async fn first_holder(
             info = info.with_remaining(remaining);
         }
     }
-    Ok(Some(info))
+    Ok(info)
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -139,10 +171,31 @@ pub(crate) enum Mode {
     Wait(Instant),
 }
 
+/// Who holds under a prefix.
+#[derive(Debug, Clone)]
+pub(crate) enum Queue {
+    /// A lock or an election: the oldest key, named by its lease (etcd's recipe).
+    One,
+    /// A semaphore: the `limit` oldest keys, each named by its lease and owner (one session
+    /// lease carries many permits of a key).
+    Permits(Limit),
+}
+
+impl Queue {
+    /// How many of the oldest keys hold.
+    fn holders(&self) -> u32 {
+        match self {
+            Self::One => 1,
+            Self::Permits(l) => l.permits,
+        }
+    }
+}
+
 /// The etcd part of one acquisition, run in its own task.
 pub(crate) struct Job {
     inner: Arc<Inner>,
     prefix: Vec<u8>,
+    queue: Queue,
     owner: String,
     ttl: Duration,
     /// The instant before our caller sent the request: no validity starts later.
@@ -164,6 +217,7 @@ impl Job {
     pub(crate) fn new(
         inner: &Arc<Inner>,
         prefix: Vec<u8>,
+        queue: Queue,
         req: &LockRequest<'_>,
         mode: Mode,
         session: Option<Arc<Session>>,
@@ -172,6 +226,7 @@ impl Job {
         Self {
             inner: Arc::clone(inner),
             prefix,
+            queue,
             owner: req.owner.as_str().to_owned(),
             ttl: req.ttl,
             started: req.started,
@@ -188,7 +243,7 @@ impl Job {
         let per_lock = self.inner.config.lease_mode == LeaseMode::PerLock;
         match (outcome, self.session.take()) {
             (Ok(Some(rev)), Some(session)) => {
-                let key = waiter_key(&self.prefix, session.id());
+                let key = self.key_of(session.id());
                 let v = session.validity(self.ttl);
                 // A per-lock lease was granted after our caller's request started; count
                 // from the earlier instant, as the contract asks.
@@ -214,7 +269,7 @@ impl Job {
                     if per_lock {
                         session.close();
                     } else if self.created {
-                        let key = waiter_key(&self.prefix, session.id());
+                        let key = self.key_of(session.id());
                         finish(&self.inner, &key, &self.owner, &session).await;
                     }
                 }
@@ -233,19 +288,35 @@ impl Job {
             return Ok(None);
         }
         let session = self.lease().await?;
-        let key = waiter_key(&self.prefix, session.id());
+        let key = self.key_of(session.id());
         let put = TxnOp::put(
             key.clone(),
             self.owner.clone(),
             Some(PutOptions::new().with_lease(session.id())),
         );
-        match self.mode {
-            Mode::Try => self.try_create(tx, &key, put).await,
-            Mode::Wait(deadline) => match self.enqueue(tx, &key, put).await? {
-                None => Ok(None),
-                Some((rev, true)) => Ok(Some(rev)),
-                Some((my_rev, false)) => self.wait_turn(tx, &session, &key, my_rev, deadline).await,
-            },
+        let queue = self.queue.clone();
+        let deadline = match (self.mode, &queue) {
+            (Mode::Try, Queue::One) => return self.try_create(tx, &key, put).await,
+            (Mode::Try, Queue::Permits(l)) => return self.try_permit(tx, &key, put, l).await,
+            (Mode::Wait(deadline), _) => deadline,
+        };
+        let queued = match &queue {
+            Queue::One => self.enqueue(tx, &key, put).await?,
+            Queue::Permits(l) => self.enqueue_permit(tx, &key, put, l).await?,
+        };
+        match queued {
+            None => Ok(None),
+            Some((rev, true)) => Ok(Some(rev)),
+            Some((my_rev, false)) => self.wait_turn(tx, &session, &key, my_rev, deadline).await,
+        }
+    }
+
+    /// Our key on lease `lease`: the lease in hex (etcd's recipe), and for a permit also our
+    /// owner value, since one lease carries many permits of a key.
+    fn key_of(&self, lease: i64) -> Vec<u8> {
+        match self.queue {
+            Queue::One => waiter_key(&self.prefix, lease),
+            Queue::Permits(_) => permits::permit_key(&self.prefix, lease, &self.owner),
         }
     }
 
@@ -352,9 +423,11 @@ impl Job {
         }
     }
 
-    /// Waits until our key (created at `my_rev`) is the oldest under the lock prefix: watches
-    /// the deletion of our predecessor, again and again. `Ok(None)` at the deadline or when
-    /// our caller is gone.
+    /// Waits until fewer keys than the queue has holders were created before ours (at
+    /// `my_rev`) under the prefix — for a lock, until ours is the oldest: watches the deletion
+    /// of the nearest of them (our predecessor for a lock; the `limit` nearest for a
+    /// semaphore, since a release by any of them may make room), again and again. `Ok(None)`
+    /// at the deadline or when our caller is gone.
     async fn wait_turn(
         &self,
         tx: &mut Answer,
@@ -363,8 +436,9 @@ impl Job {
         my_rev: i64,
         deadline: Instant,
     ) -> Result<Option<i64>, Error> {
+        let holders = self.queue.holders();
         loop {
-            // Our predecessor: the newest key created before ours. Also check our own key is
+            // Our predecessors: the newest keys created before ours. Also check our own key is
             // still there (a lost session deletes it, and then there is nothing to wait for).
             let txn = Txn::new().and_then([
                 TxnOp::get(
@@ -374,7 +448,7 @@ impl Job {
                             .with_prefix()
                             .with_max_create_revision(my_rev.saturating_sub(1))
                             .with_sort(SortTarget::Create, SortOrder::Descend)
-                            .with_limit(1),
+                            .with_limit(i64::from(holders)),
                     ),
                 ),
                 TxnOp::get(key.to_vec(), None),
@@ -392,12 +466,14 @@ impl Job {
                     "our waiter key vanished while we waited (the session lease was lost)",
                 ));
             }
-            let Some(pred) = first_kv(&resp, 0) else {
+            let ahead = all_kvs(&resp, 0);
+            if ahead.len() < holders as usize {
                 return Ok(Some(my_rev));
-            };
+            }
+            let ahead = ahead.iter().map(|kv| kv.key().to_vec()).collect();
             let from = checked_revision(resp.header().map_or(0, |h| h.revision()))? + 1;
             tokio::select! {
-                r = self.deleted(pred.key().to_vec(), from) => {
+                r = self.deleted(ahead, from) => {
                     if let Err(e) = r {
                         tracing::debug!(error = %e, "leasehold.etcd: watch failed; checking again");
                         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -411,13 +487,21 @@ impl Job {
         }
     }
 
-    /// Returns once `key` is deleted (watched from revision `from` on), or the watch ends.
-    async fn deleted(&self, key: Vec<u8>, from: i64) -> Result<(), etcd_client::Error> {
+    /// Returns once one of `keys` is deleted (watched from revision `from` on, all over one
+    /// watch stream), or the watch ends.
+    async fn deleted(&self, keys: Vec<Vec<u8>>, from: i64) -> Result<(), etcd_client::Error> {
         let mut watch = self.inner.client.watch_client();
         let opts = WatchOptions::new()
             .with_start_revision(from)
             .with_filters([WatchFilterType::NoPut]);
-        let mut stream = watch.watch(key, Some(opts)).await?;
+        let mut keys = keys.into_iter();
+        let Some(first) = keys.next() else {
+            return Ok(());
+        };
+        let mut stream = watch.watch(first, Some(opts.clone())).await?;
+        for key in keys {
+            stream.watch(key, Some(opts.clone())).await?;
+        }
         while let Some(resp) = stream.message().await? {
             if resp.canceled()
                 || resp
