@@ -2,6 +2,7 @@
 //! 3-member cluster, and the layout read back with a raw client: the holders are the keys with
 //! the lowest create revisions, a waiter is woken by the release of any holder ahead of it,
 //! and the limit is stored next to the range, apart from the lock of the same name.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 
