@@ -132,13 +132,28 @@ pub(crate) async fn holders(
         .await
         .map_err(|e| e.into_core("inspect"))?;
     let mut found = Vec::with_capacity(resp.kvs().len());
+    // Many permits share a session lease: ask for each lease's TTL once.
+    let mut ttls = std::collections::HashMap::new();
     for holder in resp.kvs() {
-        found.push(holder_info(inner, holder).await?);
+        let remaining = match ttls.get(&holder.lease()) {
+            Some(known) => *known,
+            None => {
+                let left = lease_remaining(inner, holder.lease()).await;
+                ttls.insert(holder.lease(), left);
+                left
+            }
+        };
+        let mut info = holder_info(holder)?;
+        if let Some(remaining) = remaining {
+            info = info.with_remaining(remaining);
+        }
+        found.push(info);
     }
     Ok(found)
 }
 
-async fn holder_info(inner: &Inner, holder: &KeyValue) -> Result<HolderInfo, Error> {
+/// What a holder's key says of it: owner value, token (create revision), key and lease.
+fn holder_info(holder: &KeyValue) -> Result<HolderInfo, Error> {
     let mut info = HolderInfo::unknown()
         .with_fencing(token(holder.create_revision())?)
         .with_detail(format!(
@@ -149,20 +164,22 @@ async fn holder_info(inner: &Inner, holder: &KeyValue) -> Result<HolderInfo, Err
     if !holder.value().is_empty() {
         info = info.with_owner(Owner::from_raw(String::from_utf8_lossy(holder.value())));
     }
-    if holder.lease() != 0 {
-        let lease = inner.client.lease_client();
-        let id = holder.lease();
-        if let Ok(ttl) = with_timeout(inner.config.request_timeout, "lease ttl", || {
-            let mut lease = lease.clone();
-            async move { lease.time_to_live(id, None).await }
-        })
-        .await
-            && let Ok(remaining) = crate::session::granted_ttl(ttl.ttl())
-        {
-            info = info.with_remaining(remaining);
-        }
-    }
     Ok(info)
+}
+
+/// What is left of lease `id`'s TTL, if etcd says (no lease, 0, has none).
+async fn lease_remaining(inner: &Inner, id: i64) -> Option<Duration> {
+    if id == 0 {
+        return None;
+    }
+    let lease = inner.client.lease_client();
+    let ttl = with_timeout(inner.config.request_timeout, "lease ttl", || {
+        let mut lease = lease.clone();
+        async move { lease.time_to_live(id, None).await }
+    })
+    .await
+    .ok()?;
+    crate::session::granted_ttl(ttl.ttl()).ok()
 }
 
 #[derive(Debug, Clone, Copy)]

@@ -140,7 +140,11 @@ async fn etcd_semaphore_through_config_serves_correctness() {
         .unwrap();
     assert_eq!(sem.locker().backend().capabilities().name, "etcd");
     let a = sem.acquire("pool", Duration::from_secs(2)).await.unwrap();
-    let b = sem.try_acquire("pool").await.unwrap().expect("a second permit");
+    let b = sem
+        .try_acquire("pool")
+        .await
+        .unwrap()
+        .expect("a second permit");
     assert!(sem.try_acquire("pool").await.unwrap().is_none());
     assert_eq!(sem.holders("pool").await.unwrap().len(), 2);
     assert!(a.release().await.unwrap());

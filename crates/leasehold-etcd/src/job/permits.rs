@@ -150,7 +150,8 @@ impl Job {
             let unchanged = Compare::create_revision(self.prefix.clone(), CompareOp::Less, at + 1)
                 .with_prefix();
             let mut ops = vec![put.clone(), TxnOp::get(key.to_vec(), None)];
-            if held == 0 || stored.is_none() {
+            // Store our limit unless it is there already (with permits held, `check` passed).
+            if stored.is_none_or(|kv| kv.value() != limit.value().as_bytes()) {
                 ops.insert(0, limit.put());
             }
             let ours = ops.len() - 1;
