@@ -97,7 +97,9 @@
 //! with the **lowest create revisions** hold the permits, and a permit's fencing token is its
 //! key's create revision (unique, and increasing in the order permits are granted: later keys
 //! queue behind earlier ones). `try_acquire` creates its key only while fewer than `n` keys
-//! exist (a transaction that fails if any key was created under the range since it counted).
+//! exist (a transaction that fails if any key was created under the range since it counted;
+//! it counts again, and answers "all taken" if that keeps happening four times), so it never
+//! queues.
 //! A waiter watches the deletion of the `n` keys created just before its own (over one watch
 //! stream): it holds once fewer than `n` older keys remain, which only a deletion among those
 //! can bring about, so a release wakes at most `n` waiters, not the whole queue, and waiters
