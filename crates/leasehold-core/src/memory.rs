@@ -10,8 +10,11 @@ use tokio::time::Instant;
 
 use crate::backend::{ExtendRequest, Grant, Held, HolderInfo, LockBackend, LockRequest, Waited};
 use crate::caps::{Capabilities, FencingKind, SafetyClass, WaitKind};
+use crate::election::{Candidate, ElectionBackend};
 use crate::error::Error;
 use crate::key::LockKey;
+use crate::memory_permits::{MemoryPermits, PermitTable};
+use crate::semaphore::{PermitBackend, PermitLimit};
 use crate::token::{FencingToken, Owner};
 use crate::validity::Validity;
 
@@ -36,6 +39,7 @@ pub struct MemoryBackend {
 struct State {
     slots: Mutex<HashMap<LockKey, Slot>>,
     fence: AtomicU64,
+    permits: Arc<PermitTable>,
     /// The locks and values of elections, apart from the locks of the same keys.
     elections: std::sync::OnceLock<crate::memory_election::Elections>,
 }
@@ -138,29 +142,26 @@ impl Drop for WaiterGuard<'_> {
 
 #[async_trait]
 impl LockBackend for MemoryBackend {
-    fn semaphore(
-        self: Arc<Self>,
-        _limit: crate::PermitLimit,
-    ) -> Result<Arc<dyn crate::PermitBackend>, Error> {
-        Err(Error::unsupported_primitive(
-            NAME,
-            "semaphores",
-            "not built yet",
-        ))
-    }
-
-    fn election(
-        self: Arc<Self>,
-        candidate: crate::Candidate,
-    ) -> Result<Arc<dyn crate::ElectionBackend>, Error> {
-        let elections = self.inner.elections.get_or_init(Default::default);
-        Ok(Arc::new(elections.view(candidate)))
-    }
-
     fn capabilities(&self) -> Capabilities {
         Capabilities::new(NAME, SafetyClass::Process, FencingKind::Monotonic)
             .with_wait(WaitKind::Native)
+            .with_semaphores()
             .with_elections()
+    }
+
+    /// A [`MemoryPermits`] view sharing this backend's permits.
+    fn semaphore(self: Arc<Self>, limit: PermitLimit) -> Result<Arc<dyn PermitBackend>, Error> {
+        let table = Arc::clone(&self.inner.permits);
+        Ok(Arc::new(MemoryPermits::new(
+            table,
+            limit,
+            self.capabilities(),
+        )))
+    }
+
+    fn election(self: Arc<Self>, candidate: Candidate) -> Result<Arc<dyn ElectionBackend>, Error> {
+        let elections = self.inner.elections.get_or_init(Default::default);
+        Ok(Arc::new(elections.view(candidate)))
     }
 
     async fn try_lock(&self, req: LockRequest<'_>) -> Result<Option<Grant>, Error> {

@@ -3,9 +3,10 @@
 //!
 //! - **Lock**: `pg_try_advisory_lock(ELECTION_SPACE, k)` / `pg_advisory_lock(…)` on the
 //!   driver's shared sessions, exactly as a lock is taken (same gate, health check and
-//!   release), where [`ELECTION_SPACE`] is the fixed first `int4` of every election and `k`
-//!   the low 32 bits of [`advisory_key`]`(prefix + key)`. The two-`int4` space never overlaps
-//!   the `bigint` one locks use; other primitives in that space use another first `int4`.
+//!   release), where [`ELECTION_SPACE`](crate::ELECTION_SPACE) is the fixed first `int4` of every election and `k`
+//!   the low 32 bits of [`advisory_key`](crate::advisory_key)`(prefix + key)`. The two-`int4` space never overlaps
+//!   the `bigint` one locks use; semaphores in that space never take `ELECTION_SPACE` as first
+//!   `int4` (see [`semaphore_key`](crate::semaphore_key)).
 //!   Two election keys whose `k` coincide (1 in 2³² per pair) share one leader.
 //! - **Term**: the fencing token of the grant, from the same sequence as lock tokens.
 //! - **Value**: the row `(key, value, term, pid)` of table `leasehold_leaders` (created on
@@ -28,13 +29,10 @@ use tokio_postgres::Client;
 
 use crate::error::pg_error;
 use crate::grant::PgGrant;
-use crate::key::{AdvisoryId, advisory_key};
+use crate::key::AdvisoryId;
 use crate::pool::Pool;
 use crate::session::Session;
 use crate::watch::lock;
-
-/// The first `int4` of every election's advisory key: `0x4C48454C`, "LHEL" in ASCII.
-pub const ELECTION_SPACE: i32 = 0x4C48_454C;
 
 /// The table of leaders' values and terms.
 pub const LEADERS_TABLE: &str = "leasehold_leaders";
@@ -94,8 +92,7 @@ impl<B: Advisory> PgElection<B> {
     }
 
     fn id(&self, key: &LockKey) -> AdvisoryId {
-        // The low 32 bits, reinterpreted: any i32 is a valid second key.
-        AdvisoryId::Pair(ELECTION_SPACE, advisory_key(&self.backend.name(key)) as i32)
+        AdvisoryId::election(&self.backend.name(key))
     }
 
     /// Creates the table once (a concurrent creator may race us: then it exists).
@@ -209,11 +206,7 @@ impl<B: Advisory> ElectionBackend for PgElection<B> {
 
     async fn leader(&self, key: &LockKey) -> Result<Option<Leader>, Error> {
         let name = self.backend.name(key);
-        let (_, b) = match self.id(key) {
-            AdvisoryId::Pair(a, b) => (a, b),
-            AdvisoryId::Big(_) => (0, 0),
-        };
-        let (classid, objid) = (ELECTION_SPACE as u32, b as u32);
+        let (classid, objid, _) = self.id(key).pg_locks();
         let lent = self.backend.pool().shared(None).await?;
         let client = lent.session.client();
         self.table(client).await?;

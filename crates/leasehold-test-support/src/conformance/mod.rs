@@ -21,6 +21,12 @@
 //! 7. [`cancellation`]: 1,000 acquires dropped at random points leave nothing held;
 //! 8. [`bad_input`]: bad keys and TTLs are typed errors, not panics.
 //!
+//! Backends that give semaphores also run the semaphore checks ([`SEMAPHORE_CHECKS`], generated
+//! by [`semaphore_tests!`](crate::semaphore_tests)) over the same target: [`permit_bound`] (never
+//! more than N holders over recorded grant intervals, with random holds, drops and
+//! cancellations), [`permits_freed`] (on release, drop and holder loss), [`permit_waiters_woken`],
+//! [`permit_limit_mismatch`] (refused), and [`permit_fairness`] (measured, not bounded).
+//!
 //! Backends that give elections also pass the checks of [`election`].
 
 /// Fails `check` with a formatted message unless `cond` holds.
@@ -36,11 +42,16 @@ pub mod election;
 mod exclusion;
 mod lifetime;
 mod robustness;
+mod semaphore;
 mod target;
 
 pub use exclusion::{fencing_tokens, mutual_exclusion, own_grant_only, try_and_wait};
 pub use lifetime::{validity_deadline, watchdog};
 pub use robustness::{bad_input, cancellation};
+pub use semaphore::{
+    Fairness, SEMAPHORE_CHECKS, permit_bound, permit_fairness, permit_limit_mismatch,
+    permit_waiters_woken, permits_freed, run_semaphore,
+};
 pub use target::{BoxFuture, ExpireHook, Failure, HeldHook, Target, unique_key};
 
 /// Every check, by name, in order.
