@@ -39,6 +39,8 @@ type Fault = Box<dyn Fn(&str) + Send + Sync>;
 
 async fn two_runs(rt: &Path, case: &Case, key: &str) {
     let u = case.url.as_str();
+    // The first holds for 8 s: the three runs below must all start while it holds, and on two
+    // loaded cores each start of a debug build (and its connection) has taken over a second.
     let first = Running::start(
         rt,
         &[
@@ -52,7 +54,7 @@ async fn two_runs(rt: &Path, case: &Case, key: &str) {
             "--",
             "sh",
             "-c",
-            "echo \"token=$LEASEHOLD_FENCING_TOKEN\"; sleep 3",
+            "echo \"token=$LEASEHOLD_FENCING_TOKEN\"; sleep 8",
         ],
     )
     .await;
