@@ -529,6 +529,40 @@ async fn etcd_end_to_end() {
     scenarios("cli_etcd", case, lose).await;
 }
 
+/// `run --wait` that runs out exits 124 only after deleting its queue key: a waiter key left
+/// behind (on a session lease nobody revokes once the process is gone) would take the lock
+/// when its holder releases and keep it until the lease expires.
+#[tokio::test]
+async fn etcd_a_wait_that_runs_out_leaves_no_waiter_behind() {
+    let etcd = require_service!(Service::Etcd);
+    let endpoint = etcd.url().to_owned();
+    let url = format!("etcd://{endpoint}");
+    let rt = folder("cli_etcd_wait_cleanup");
+    let key = format!("{}/k", unique_prefix("wait-cleanup"));
+    let out = on_key(&rt, "acquire", &key, &url, &[]).await;
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let ex = exports(&out);
+    let out = run_true(&rt, &key, &url, &["--wait", "300ms"]).await;
+    assert_eq!(out.status.code(), Some(124), "{out:?}");
+    let queued = etcdctl(
+        &endpoint,
+        &[
+            "get",
+            "--prefix",
+            &format!("leasehold/{}/", etcd_name(&key)),
+            "--keys-only",
+        ],
+    );
+    assert_eq!(
+        queued.lines().filter(|l| !l.is_empty()).count(),
+        1,
+        "{queued}"
+    );
+    let rel = output(&rt, &["release", "--handle", &ex["LEASEHOLD_HANDLE"]]).await;
+    assert_eq!(rel.status.code(), Some(0), "{rel:?}");
+    let _ = std::fs::remove_dir_all(&rt);
+}
+
 #[tokio::test]
 async fn etcd_by_hand_as_the_guide_shows() {
     let etcd = require_service!(Service::Etcd);

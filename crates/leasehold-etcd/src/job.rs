@@ -208,6 +208,10 @@ impl Queue {
     }
 }
 
+/// How long an acquisition that was not granted spends deleting its key before it answers;
+/// past that, the key is deleted in the background (or goes with its lease).
+const ANSWER_CLEANUP: Duration = Duration::from_secs(1);
+
 /// The etcd part of one acquisition, run in its own task.
 pub(crate) struct Job {
     inner: Arc<Inner>,
@@ -285,11 +289,27 @@ impl Job {
                 drop(tx.send(Ok(Some(grant))));
             }
             (outcome, session) => {
+                // Not granted (the wait ran out, or failed) while our caller still waits for
+                // the answer: delete our key first, once and briefly, so that a caller that
+                // exits at once (the CLI after `--wait` ran out) leaves no waiter behind to
+                // take the lock when its holder releases and keep it until its lease expires.
+                let mut deleted = false;
+                if let Some(session) = &session
+                    && self.created
+                    && !tx.is_closed()
+                {
+                    let key = self.key_of(session.id());
+                    let delete = self.inner.delete_if_owner(&key, &self.owner);
+                    deleted = matches!(
+                        tokio::time::timeout(ANSWER_CLEANUP, delete).await,
+                        Ok(Ok(_))
+                    );
+                }
                 drop(tx.send(outcome.map(|_| None)));
                 if let Some(session) = session {
                     if per_lock {
                         session.close();
-                    } else if self.created {
+                    } else if self.created && !deleted {
                         let key = self.key_of(session.id());
                         finish(&self.inner, &key, &self.owner, &session).await;
                     }
