@@ -198,16 +198,7 @@ impl EtcdBackend {
 
 #[async_trait]
 impl LockBackend for EtcdBackend {
-    fn semaphore(
-        self: Arc<Self>,
-        _limit: leasehold_core::PermitLimit,
-    ) -> Result<Arc<dyn leasehold_core::PermitBackend>, Error> {
-        Err(Error::unsupported_primitive(
-            NAME,
-            "semaphores",
-            "not built yet",
-        ))
-    }
+    leasehold_core::refuse_semaphores!("not built yet");
 
     fn election(
         self: Arc<Self>,

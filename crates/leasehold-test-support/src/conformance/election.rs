@@ -78,13 +78,8 @@ impl ElectionTarget {
     }
 }
 
-/// Every election check, by name, in order.
-pub const ELECTION_CHECKS: [&str; 4] = [
-    "one_leader_at_a_time",
-    "resign_hands_over",
-    "leader_and_watch",
-    "loss_brings_a_new_leader",
-];
+checks!(ELECTION_CHECKS, run_election(ElectionTarget):
+    one_leader_at_a_time, resign_hands_over, leader_and_watch, loss_brings_a_new_leader);
 
 /// The generous bound of every wait in these checks that should be short.
 const PATIENCE: Duration = Duration::from_secs(20);
@@ -292,20 +287,6 @@ pub async fn loss_brings_a_new_leader(t: &ElectionTarget) -> Result<(), Failure>
     );
     op(CHECK, "resign", again.resign().await)?;
     Ok(())
-}
-
-/// Runs one election check by name (see [`ELECTION_CHECKS`]).
-pub async fn run_election(name: &str, t: &ElectionTarget) -> Result<(), Failure> {
-    match name {
-        "one_leader_at_a_time" => one_leader_at_a_time(t).await,
-        "resign_hands_over" => resign_hands_over(t).await,
-        "leader_and_watch" => leader_and_watch(t).await,
-        "loss_brings_a_new_leader" => loss_brings_a_new_leader(t).await,
-        other => Err(Failure::new(
-            "run",
-            format!("no election check named {other:?}"),
-        )),
-    }
 }
 
 /// Generates one `#[tokio::test]` per election check, given the path of an
