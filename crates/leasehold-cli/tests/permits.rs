@@ -1,13 +1,15 @@
 //! `--permits N` end to end on the local file backend: `acquire` holds permits, `run
 //! --no-wait` exits 75 when all N are taken, `status --permits` lists the holders (0 when one
 //! is held, 1 when none), another N exits 78, and `release` gives a permit back. Redlock's
-//! refusal is 78 with the reason.
+//! refusal, and etcd's (no semaphores yet), is 78 with the reason.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 
 use common::*;
+use leasehold_test_support::require_service;
+use leasehold_test_support::services::Service;
 
 fn url(dir: &std::path::Path) -> String {
     format!("file://{}", dir.join("locks").display())
@@ -64,4 +66,14 @@ async fn a_backend_without_semaphores_exits_78_with_the_reason() {
     let out = run_true(&rt, "k", u, &["--permits", "2", "--no-wait"]).await;
     assert_eq!(out.status.code(), Some(78), "{out:?}");
     assert!(stderr(&out).contains("does not give semaphores"), "{out:?}");
+}
+
+#[tokio::test]
+async fn etcd_refuses_semaphores_with_78_and_the_reason() {
+    let etcd = require_service!(Service::Etcd);
+    let rt = folder("cli_permits_etcd");
+    let u = format!("etcd://{}", etcd.url());
+    let out = run_true(&rt, "k", &u, &["--permits", "2", "--no-wait"]).await;
+    assert_eq!(out.status.code(), Some(78), "{out:?}");
+    assert!(stderr(&out).contains("not built yet"), "{out:?}");
 }

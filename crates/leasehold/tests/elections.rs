@@ -1,5 +1,5 @@
 //! Building electors through LockConfig: the requirement applies, a backend without elections
-//! is refused with its reason.
+//! (or, on etcd, without semaphores) is refused with its reason.
 
 #![allow(unused_imports)]
 
@@ -67,4 +67,12 @@ async fn etcd_elector_serves_correctness() {
     let seen = e.leader().await.unwrap().unwrap();
     assert_eq!((seen.value.as_str(), seen.term), ("node-1", lead.term()));
     assert!(lead.resign().await.unwrap());
+
+    // The same etcd gives no semaphores yet: refused with the reason, not with a lock.
+    let err = cfg.build_semaphore(2).await.err().unwrap();
+    assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
+    assert!(
+        err.to_string().contains("semaphores: not built yet"),
+        "{err}"
+    );
 }
