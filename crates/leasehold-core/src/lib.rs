@@ -142,6 +142,7 @@ mod signal;
 mod token;
 pub mod transport;
 mod validity;
+mod view;
 
 pub use backend::{
     ExtendRequest, Extended, Grant, GrantState, Held, HolderInfo, LockBackend, LockBackendExt,
@@ -170,6 +171,7 @@ pub use semaphore::{PermitBackend, PermitLimit, Semaphore};
 pub use signal::{LeaseMonitor, LostSignal};
 pub use token::{FencingToken, OWNER_BYTES, Owner};
 pub use validity::Validity;
+pub use view::View;
 
 /// Re-exported so backends can implement [`LockBackend`] without depending on it themselves.
 pub use async_trait::async_trait;

@@ -15,13 +15,12 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::time::Instant;
 
-use crate::backend::{ExtendRequest, Grant, Held, HolderInfo, LockBackend, LockRequest, Waited};
-use crate::caps::Capabilities;
+use crate::backend::{Grant, Held, LockBackend, LockRequest, Waited};
 use crate::election::{Candidate, ElectionBackend, Leader, poll_leader};
 use crate::error::{Error, ErrorKind};
 use crate::key::LockKey;
 use crate::token::Owner;
-use crate::validity::Validity;
+use crate::view::View;
 
 /// Where a [`LockElection`] publishes the leader's value, by key.
 #[async_trait]
@@ -97,11 +96,12 @@ impl LockElection {
 }
 
 #[async_trait]
-impl LockBackend for LockElection {
-    crate::refuse_primitives!("an election view gives leaderships only");
+impl View for LockElection {
+    type Grants = dyn LockBackend;
+    const REFUSAL: &'static str = "an election view gives leaderships only";
 
-    fn capabilities(&self) -> Capabilities {
-        self.locks.capabilities()
+    fn grants(&self) -> &dyn LockBackend {
+        &*self.locks
     }
 
     async fn try_lock(&self, req: LockRequest<'_>) -> Result<Option<Grant>, Error> {
@@ -129,21 +129,6 @@ impl LockBackend for LockElection {
             tracing::debug!(error = %e, "leasehold.election: clearing the value failed");
         }
         self.locks.release(held).await
-    }
-
-    async fn extend(&self, req: ExtendRequest<'_>) -> Result<Option<Validity>, Error> {
-        self.locks.extend(req).await
-    }
-
-    async fn extend_many(
-        &self,
-        reqs: &[ExtendRequest<'_>],
-    ) -> Vec<Result<Option<Validity>, Error>> {
-        self.locks.extend_many(reqs).await
-    }
-
-    async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
-        self.locks.inspect(key).await
     }
 }
 

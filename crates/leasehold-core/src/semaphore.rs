@@ -31,6 +31,9 @@ pub const MAX_PERMITS: u32 = 1024;
 pub struct PermitLimit(u32);
 
 impl PermitLimit {
+    /// One permit: a semaphore that is a lock.
+    pub const ONE: Self = Self(1);
+
     /// `n` permits, or an [`ErrorKind::InvalidArgument`] error when `n` is 0 or above
     /// [`MAX_PERMITS`].
     pub fn new(n: u32) -> Result<Self, Error> {

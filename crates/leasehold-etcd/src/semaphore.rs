@@ -47,7 +47,9 @@ impl std::fmt::Debug for EtcdPermits {
 }
 
 impl EtcdPermits {
+    /// A view declares no primitives of its own (permits of permits are not a thing).
     pub(crate) fn new(inner: Arc<Inner>, caps: Capabilities, limit: PermitLimit) -> Self {
+        let caps = caps.without_primitives();
         Self { inner, caps, limit }
     }
 
@@ -93,10 +95,7 @@ impl LockBackend for EtcdPermits {
     }
 
     /// No batch request here: each grant in turn.
-    async fn extend_many(
-        &self,
-        reqs: &[ExtendRequest<'_>],
-    ) -> Vec<Result<Option<Validity>, Error>> {
+    async fn extend_many(&self, reqs: &[ExtendRequest<'_>]) -> Vec<leasehold_core::Extended> {
         leasehold_core::extend_each(self, reqs).await
     }
 

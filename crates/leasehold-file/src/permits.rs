@@ -6,14 +6,16 @@ use std::path::{Path, PathBuf};
 
 use leasehold_core::semaphore::limit_mismatch;
 use leasehold_core::{
-    Capabilities, Error, ErrorKind, ExtendRequest, Grant, Held, HolderInfo, LockBackend, LockKey,
-    LockRequest, Owner, PermitBackend, PermitLimit, Validity, Waited, async_trait,
+    Error, Grant, HolderInfo, LockBackend, LockKey, LockRequest, Owner, PermitBackend, PermitLimit,
+    View, Waited, async_trait,
 };
 use rand::Rng;
 use tokio::time::Instant;
 
 use crate::folder::{self, Sharing};
-use crate::{Count, FileBackend, NAME, Taken, bump, file_name, io_error, take, write_owner};
+use crate::{
+    Count, FileBackend, NAME, Taken, blocking, bump, file_name, io_error, take, write_owner,
+};
 
 /// The file backend's permit view: permit `i` of `key` is an exclusive `flock` of the slot file
 /// `<dir>/<name>~sem<i>.lock` (`<name>` as for locks).
@@ -55,15 +57,6 @@ impl FilePermits {
     fn sharing(&self) -> Sharing {
         self.backend.inner.config.sharing
     }
-
-    /// Runs blocking file work on Tokio's blocking pool.
-    async fn blocking<T: Send + 'static>(
-        work: impl FnOnce() -> Result<T, Error> + Send + 'static,
-    ) -> Result<T, Error> {
-        tokio::task::spawn_blocking(work)
-            .await
-            .map_err(|e| Error::new(ErrorKind::Backend, NAME, format!("file task failed: {e}")))?
-    }
 }
 
 /// Stores `limit` in the limit file if it is empty; else compares: the stored limit.
@@ -94,11 +87,14 @@ fn holder_of(path: &Path, sharing: Sharing) -> io::Result<Option<String>> {
 }
 
 #[async_trait]
-impl LockBackend for FilePermits {
-    leasehold_core::refuse_primitives!("a permit view is already a semaphore");
+impl View for FilePermits {
+    type Grants = FileBackend;
+    const REFUSAL: &'static str = "a permit view is already a semaphore";
 
-    fn capabilities(&self) -> Capabilities {
-        self.backend.capabilities()
+    /// A permit is a locked slot file of the backend's folder: released, renewed and lost as
+    /// a lock file is.
+    fn grants(&self) -> &FileBackend {
+        &self.backend
     }
 
     async fn try_lock(&self, req: LockRequest<'_>) -> Result<Option<Grant>, Error> {
@@ -110,7 +106,7 @@ impl LockBackend for FilePermits {
         // Counted from before a file is locked, as for locks: dropped with the task's result.
         let count = Count::new(&self.backend.inner);
         let key = req.key.clone();
-        let taken = Self::blocking(move || -> Result<Option<Taken>, Error> {
+        let taken = blocking(move || -> Result<Option<Taken>, Error> {
             let stored = agree(&limit_file, sharing, n)
                 .map_err(|e| io_error("cannot read or write", &limit_file, &e))?;
             if stored != n {
@@ -142,22 +138,6 @@ impl LockBackend for FilePermits {
         self.backend.wait_lock(req, deadline).await
     }
 
-    async fn release(&self, held: Held<'_>) -> Result<bool, Error> {
-        self.backend.release(held).await
-    }
-
-    async fn extend(&self, req: ExtendRequest<'_>) -> Result<Option<Validity>, Error> {
-        self.backend.extend(req).await
-    }
-
-    /// No batch request here: each permit in turn.
-    async fn extend_many(
-        &self,
-        reqs: &[ExtendRequest<'_>],
-    ) -> Vec<Result<Option<Validity>, Error>> {
-        leasehold_core::extend_each(self, reqs).await
-    }
-
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
         Ok(self.holders(key).await?.into_iter().next())
     }
@@ -172,7 +152,7 @@ impl PermitBackend for FilePermits {
     async fn holders(&self, key: &LockKey) -> Result<Vec<HolderInfo>, Error> {
         let slots: Vec<PathBuf> = (0..self.limit.get()).map(|i| self.slot(key, i)).collect();
         let sharing = self.sharing();
-        Self::blocking(move || {
+        blocking(move || {
             let mut out = Vec::new();
             for path in &slots {
                 let owner =

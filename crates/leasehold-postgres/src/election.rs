@@ -20,8 +20,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold_core::{
-    Candidate, Capabilities, ElectionBackend, Error, ExtendRequest, Grant, Held, HolderInfo,
-    Leader, LockBackend, LockKey, LockRequest, Validity, Waited, async_trait, poll_leader,
+    Candidate, ElectionBackend, Error, Grant, Held, HolderInfo, Leader, LockBackend, LockKey,
+    LockRequest, View, Waited, async_trait, poll_leader,
 };
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
@@ -149,11 +149,13 @@ impl<B: Advisory> PgElection<B> {
 }
 
 #[async_trait]
-impl<B: Advisory> LockBackend for PgElection<B> {
-    leasehold_core::refuse_primitives!("an election view gives leaderships only");
+impl<B: Advisory> View for PgElection<B> {
+    type Grants = B;
+    const REFUSAL: &'static str = "an election view gives leaderships only";
 
-    fn capabilities(&self) -> Capabilities {
-        self.backend.capabilities()
+    /// The backend's sessions keep the leaderships: release, renewal and loss as for locks.
+    fn grants(&self) -> &B {
+        &self.backend
     }
 
     async fn try_lock(&self, req: LockRequest<'_>) -> Result<Option<Grant>, Error> {
@@ -176,21 +178,6 @@ impl<B: Advisory> LockBackend for PgElection<B> {
             )),
             None => Ok(Waited::new(None, attempts)),
         }
-    }
-
-    async fn release(&self, held: Held<'_>) -> Result<bool, Error> {
-        self.backend.release(held).await
-    }
-
-    async fn extend(&self, req: ExtendRequest<'_>) -> Result<Option<Validity>, Error> {
-        self.backend.extend(req).await
-    }
-
-    async fn extend_many(
-        &self,
-        reqs: &[ExtendRequest<'_>],
-    ) -> Vec<Result<Option<Validity>, Error>> {
-        self.backend.extend_many(reqs).await
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {

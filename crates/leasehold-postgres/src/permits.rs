@@ -4,9 +4,8 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use leasehold_core::{
-    Capabilities, Error, ErrorKind, ExtendRequest, Extended, Grant, Held, HolderInfo, LockBackend,
-    LockKey, LockRequest, PermitBackend, PermitLimit, Validity, WaitKind, Waited, async_trait,
-    semaphore::limit_mismatch,
+    Capabilities, Error, ErrorKind, Grant, HolderInfo, LockBackend, LockKey, LockRequest,
+    PermitBackend, PermitLimit, View, WaitKind, Waited, async_trait, semaphore::limit_mismatch,
 };
 use rand::Rng;
 use tokio::sync::OnceCell;
@@ -186,8 +185,15 @@ impl PostgresPermits {
 }
 
 #[async_trait]
-impl LockBackend for PostgresPermits {
-    leasehold_core::refuse_primitives!("a permit view is already a semaphore");
+impl View for PostgresPermits {
+    type Grants = PostgresBackend;
+    const REFUSAL: &'static str = "a permit view is already a semaphore";
+
+    /// Each permit is an advisory lock of the backend's sessions: release, renewal (each
+    /// permit's session in turn) and loss as for locks.
+    fn grants(&self) -> &PostgresBackend {
+        &self.backend
+    }
 
     fn capabilities(&self) -> Capabilities {
         self.backend.capabilities().with_wait(WaitKind::Poll)
@@ -216,19 +222,6 @@ impl LockBackend for PostgresPermits {
             NAME,
             "a PostgreSQL semaphore waits by polling (no server-side wait for any of N locks)",
         ))
-    }
-
-    async fn release(&self, held: Held<'_>) -> Result<bool, Error> {
-        self.backend.release(held).await
-    }
-
-    async fn extend(&self, req: ExtendRequest<'_>) -> Result<Option<Validity>, Error> {
-        self.backend.extend(req).await
-    }
-
-    /// No batch request here: each permit's session in turn.
-    async fn extend_many(&self, reqs: &[ExtendRequest<'_>]) -> Vec<Extended> {
-        leasehold_core::extend_each(self, reqs).await
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {

@@ -48,6 +48,7 @@ use tokio::time::Instant;
 
 use crate::keys::Names;
 use crate::node::{Node, evalsha, names, ttl_ms};
+use crate::scripts::WAKE_FN;
 use crate::wake::{Subscription, WakeHub};
 
 /// The server time in ms, and the sweep of expired permits from `KEYS[1]`.
@@ -107,15 +108,11 @@ return 1
 /// the sharded channel. Removes our permit and wakes waiters: 1 if it was live, else 0.
 static RELEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
-        r"{NOW_AND_SWEEP}
+        r"{NOW_AND_SWEEP}{WAKE_FN}
 if redis.call('ZREM', KEYS[1], ARGV[1]) == 0 then
   return 0
 end
-if ARGV[2] == 'S' then
-  redis.call('SPUBLISH', KEYS[2], ARGV[1])
-else
-  redis.call('PUBLISH', KEYS[2], ARGV[1])
-end
+wake(KEYS[2], ARGV[1], ARGV[2])
 return 1
 "
     ))
@@ -172,7 +169,7 @@ impl RedisPermits {
             prefix,
             backoff,
             limit,
-            caps,
+            caps: caps.without_primitives(),
         }
     }
 
@@ -236,29 +233,12 @@ impl LockBackend for RedisPermits {
     async fn wait_lock(&self, req: LockRequest<'_>, deadline: Instant) -> Result<Waited, Error> {
         let channel = self.names(req.key).permit_channel().to_string();
         let sub = Subscription::new(&self.node, &self.wake, &channel).await?;
-        let mut attempts = 0u32;
-        loop {
-            let woken = sub.channel.notify.notified();
-            tokio::pin!(woken);
-            woken.as_mut().enable();
-            attempts += 1;
-            let attempt =
-                LockRequest::new(req.key, req.owner, req.ttl, Instant::now(), req.monitor);
-            if let Some(grant) = self.attempt(&attempt).await? {
-                return Ok(Waited::new(Some(grant), attempts));
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                return Ok(Waited::new(None, attempts));
-            }
-            // Woken by a release message, or after a jittered backoff: an expired permit sends
-            // none, and a message can be lost across a reconnect.
-            let fallback = self.backoff.delay(attempts).max(Duration::from_millis(1));
-            tokio::select! {
-                () = &mut woken => {}
-                () = tokio::time::sleep_until((now + fallback).min(deadline)) => {}
-            }
-        }
+        let pause = |attempts| self.backoff.delay(attempts);
+        sub.wait(deadline, pause, |started| {
+            let attempt = LockRequest::new(req.key, req.owner, req.ttl, started, req.monitor);
+            async move { self.attempt(&attempt).await }
+        })
+        .await
     }
 
     async fn release(&self, held: Held<'_>) -> Result<bool, Error> {
@@ -284,10 +264,7 @@ impl LockBackend for RedisPermits {
     }
 
     /// One script call per permit.
-    async fn extend_many(
-        &self,
-        reqs: &[ExtendRequest<'_>],
-    ) -> Vec<Result<Option<Validity>, Error>> {
+    async fn extend_many(&self, reqs: &[ExtendRequest<'_>]) -> Vec<leasehold_core::Extended> {
         leasehold_core::extend_each(self, reqs).await
     }
 

@@ -346,35 +346,24 @@ impl LockBackend for RedisBackend {
             &names.channel().to_string(),
         )
         .await?;
-        let mut attempts = 0u32;
-        loop {
-            let woken = sub.channel.notify.notified();
-            tokio::pin!(woken);
-            woken.as_mut().enable();
-            attempts += 1;
-            let started = Instant::now();
-            let attempt = LockRequest::new(req.key, req.owner, req.ttl, started, req.monitor);
-            if let Some(grant) = self.attempt(&attempt, true).await? {
-                return Ok(Waited::new(Some(grant), attempts));
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                self.leave_line(req.key, req.owner);
-                return Ok(Waited::new(None, attempts));
-            }
-            // Woken by the release message, or after a jittered backoff in case a message was
-            // lost (a reconnect, a holder that expired instead of releasing). In fair mode the
-            // backoff also keeps our place in line: we ask again well within the grace period.
-            let mut fallback = self.inner.config.wait_backoff.delay(attempts);
-            if let Some(grace) = self.inner.config.fair {
-                fallback = fallback.min(grace / 3);
-            }
-            let until = (now + fallback.max(Duration::from_millis(1))).min(deadline);
-            tokio::select! {
-                () = &mut woken => {}
-                () = tokio::time::sleep_until(until) => {}
-            }
+        // Woken by the release message, or after a jittered backoff in case a message was
+        // lost. In fair mode the backoff also keeps our place in line: we ask again well
+        // within the grace period.
+        let config = &self.inner.config;
+        let pause = |attempts| match config.fair {
+            Some(grace) => config.wait_backoff.delay(attempts).min(grace / 3),
+            None => config.wait_backoff.delay(attempts),
+        };
+        let waited = sub
+            .wait(deadline, pause, |started| {
+                let attempt = LockRequest::new(req.key, req.owner, req.ttl, started, req.monitor);
+                async move { self.attempt(&attempt, true).await }
+            })
+            .await?;
+        if waited.grant.is_none() {
+            self.leave_line(req.key, req.owner);
         }
+        Ok(waited)
     }
 
     async fn release(&self, held: Held<'_>) -> Result<bool, Error> {

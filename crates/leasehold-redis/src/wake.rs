@@ -5,9 +5,13 @@ use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use leasehold_core::Error;
+use std::future::Future;
+use std::time::Duration;
+
+use leasehold_core::{Error, Grant, Waited};
 use redis::{PushInfo, PushKind, Value};
 use tokio::sync::Notify;
+use tokio::time::Instant;
 
 use crate::node::Node;
 
@@ -89,6 +93,42 @@ impl Subscription {
         }
         drop(subscribed);
         Ok(sub)
+    }
+
+    /// Runs `attempt` (given the instant it starts) until it grants or `deadline` passes, and
+    /// between attempts waits for a release message on this channel or `pause(attempts)`,
+    /// whichever comes first: a message can be lost across a reconnect, and a holder that
+    /// expires instead of releasing sends none. At the deadline: no grant, with the attempts.
+    pub(crate) async fn wait<F, Fut>(
+        &self,
+        deadline: Instant,
+        pause: impl Fn(u32) -> Duration,
+        mut attempt: F,
+    ) -> Result<Waited, Error>
+    where
+        F: FnMut(Instant) -> Fut,
+        Fut: Future<Output = Result<Option<Grant>, Error>>,
+    {
+        let mut attempts = 0u32;
+        loop {
+            // Armed before the attempt, so a release in between is not missed.
+            let woken = self.channel.notify.notified();
+            tokio::pin!(woken);
+            woken.as_mut().enable();
+            attempts += 1;
+            if let Some(grant) = attempt(Instant::now()).await? {
+                return Ok(Waited::new(Some(grant), attempts));
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(Waited::new(None, attempts));
+            }
+            let until = (now + pause(attempts).max(Duration::from_millis(1))).min(deadline);
+            tokio::select! {
+                () = &mut woken => {}
+                () = tokio::time::sleep_until(until) => {}
+            }
+        }
     }
 }
 

@@ -79,15 +79,9 @@ impl ElectionTarget {
     }
 }
 
-/// Every election check, by name, in order.
-pub const ELECTION_CHECKS: [&str; 6] = [
-    "one_leader_at_a_time",
-    "resign_hands_over",
-    "leader_and_watch",
-    "loss_brings_a_new_leader",
-    "a_renewed_leadership_lasts",
-    "a_long_wait_shows_no_phantom_leader",
-];
+checks!(ELECTION_CHECKS, run_election(ElectionTarget):
+    one_leader_at_a_time, resign_hands_over, leader_and_watch, loss_brings_a_new_leader,
+    a_renewed_leadership_lasts, a_long_wait_shows_no_phantom_leader);
 
 /// The generous bound of every wait in these checks that should be short.
 const PATIENCE: Duration = Duration::from_secs(20);
@@ -382,22 +376,6 @@ pub async fn a_long_wait_shows_no_phantom_leader(t: &ElectionTarget) -> Result<(
     );
     op(CHECK, "resign b", second.resign().await)?;
     Ok(())
-}
-
-/// Runs one election check by name (see [`ELECTION_CHECKS`]).
-pub async fn run_election(name: &str, t: &ElectionTarget) -> Result<(), Failure> {
-    match name {
-        "one_leader_at_a_time" => one_leader_at_a_time(t).await,
-        "resign_hands_over" => resign_hands_over(t).await,
-        "leader_and_watch" => leader_and_watch(t).await,
-        "loss_brings_a_new_leader" => loss_brings_a_new_leader(t).await,
-        "a_renewed_leadership_lasts" => a_renewed_leadership_lasts(t).await,
-        "a_long_wait_shows_no_phantom_leader" => a_long_wait_shows_no_phantom_leader(t).await,
-        other => Err(Failure::new(
-            "run",
-            format!("no election check named {other:?}"),
-        )),
-    }
 }
 
 /// Generates one `#[tokio::test]` per election check, given the path of an

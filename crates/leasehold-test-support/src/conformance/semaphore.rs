@@ -13,24 +13,8 @@ use tokio::time::Instant;
 
 use super::target::{Failure, Target, op, unique_key};
 
-/// Every semaphore check, by name, in order.
-pub const SEMAPHORE_CHECKS: [&str; 4] = [
-    "permit_bound",
-    "permits_freed",
-    "permit_waiters_woken",
-    "permit_limit_mismatch",
-];
-
-/// Runs one semaphore check by name (see [`SEMAPHORE_CHECKS`]).
-pub async fn run_semaphore(name: &str, t: &Target) -> Result<(), Failure> {
-    match name {
-        "permit_bound" => permit_bound(t).await,
-        "permits_freed" => permits_freed(t).await,
-        "permit_waiters_woken" => permit_waiters_woken(t).await,
-        "permit_limit_mismatch" => permit_limit_mismatch(t).await,
-        other => Err(Failure::new("run", format!("no check named {other:?}"))),
-    }
-}
+checks!(SEMAPHORE_CHECKS, run_semaphore(Target):
+    permit_bound, permits_freed, permit_waiters_woken, permit_limit_mismatch);
 
 /// A semaphore of `limit` permits over `backend`, with the suite's fast backoff.
 pub(super) fn semaphore(
@@ -430,7 +414,7 @@ pub async fn permit_fairness(
 #[macro_export]
 macro_rules! semaphore_tests {
     ($target:path) => {
-        $crate::semaphore_tests!(@each $target;
+        $crate::conformance_tests!(@each $target;
             permit_bound, permits_freed, permit_waiters_woken, permit_limit_mismatch);
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -443,16 +427,5 @@ macro_rules! semaphore_tests {
                 Err(failure) => panic!("{failure}"),
             }
         }
-    };
-    (@each $target:path; $($check:ident),+) => {
-        $(
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $check() {
-                let Some(target) = $target().await else { return };
-                if let Err(failure) = $crate::conformance::$check(&target).await {
-                    panic!("{failure}");
-                }
-            }
-        )+
     };
 }
