@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use leasehold_core::{LockBackend, MemoryBackend};
+use futures_util::FutureExt as _;
+use leasehold_core::{IntoLockKey as _, LockBackend, MemoryBackend, PermitLimit};
 use leasehold_etcd::{EtcdBackend, EtcdConfig, LeaseMode};
 use leasehold_postgres::{PostgresBackend, PostgresConfig};
 use leasehold_redis::{RedisBackend, RedisConfig, RedlockBackend, RedlockConfig};
@@ -15,6 +16,7 @@ use leasehold_test_support::proxy::{FaultProxy, Mode};
 use leasehold_test_support::services::{self, Service};
 use tokio::time::Instant;
 
+use super::scenarios::CYCLE_KEY;
 use crate::file_backend::{FileBackend, FileConfig};
 use crate::harness::BoxError;
 #[cfg(feature = "peers")]
@@ -77,7 +79,16 @@ where
 
 /// Ours on Redis: one node (with the fair queue if `fair`), or Redlock over several.
 async fn ours_redis(urls: Vec<String>, prefix: String, fair: bool) -> Result<Ours, BoxError> {
-    let backend: Arc<dyn LockBackend> = match &urls[..] {
+    Ours::new(redis_backend(urls, prefix, fair).await?)
+}
+
+/// Our Redis backend: one node (with the fair queue if `fair`), or Redlock over several.
+pub(super) async fn redis_backend(
+    urls: Vec<String>,
+    prefix: String,
+    fair: bool,
+) -> Result<Arc<dyn LockBackend>, BoxError> {
+    Ok(match &urls[..] {
         [url] => {
             let cfg = RedisConfig::from_url(url)?.with_prefix(prefix)?;
             let cfg = if fair {
@@ -90,8 +101,7 @@ async fn ours_redis(urls: Vec<String>, prefix: String, fair: bool) -> Result<Our
         _ => Arc::new(RedlockBackend::new(
             RedlockConfig::from_urls(urls)?.with_prefix(prefix)?,
         )?),
-    };
-    Ours::new(backend)
+    })
 }
 
 /// Redis through Sentinel (the topology of `scripts/services`): ours, without and with the
@@ -183,10 +193,19 @@ fn redis_subjects(urls: &[String], count_urls: &[String]) -> Vec<Subject> {
 
 /// Ours on PostgreSQL, its sessions named after the subject.
 async fn ours_pg(conninfo: String, t: Tag) -> Result<Ours, BoxError> {
-    let cfg = PostgresConfig::from_url(&conninfo)?
-        .with_prefix(t.prefix)?
-        .with_application_name(t.app);
-    Ours::new(Arc::new(PostgresBackend::connect(cfg).await?))
+    Ours::new(pg_backend(&conninfo, t.prefix, t.app).await?)
+}
+
+/// Our PostgreSQL backend, its keys under `prefix`, its sessions named `app`.
+pub(super) async fn pg_backend(
+    conninfo: &str,
+    prefix: String,
+    app: String,
+) -> Result<Arc<dyn LockBackend>, BoxError> {
+    let cfg = PostgresConfig::from_url(conninfo)?
+        .with_prefix(prefix)?
+        .with_application_name(app);
+    Ok(Arc::new(PostgresBackend::connect(cfg).await?))
 }
 
 async fn raw_pg(conninfo: String, t: Tag) -> Result<RawPg, BoxError> {
@@ -246,7 +265,12 @@ async fn ours_etcd(
     let cfg = EtcdConfig::new(endpoints)
         .with_prefix(prefix)?
         .with_lease_mode(mode);
-    Ours::new(Arc::new(EtcdBackend::connect(cfg).await?))
+    Ours::new(etcd_backend(cfg).await?)
+}
+
+/// Our etcd backend on `cfg`.
+pub(super) async fn etcd_backend(cfg: EtcdConfig) -> Result<Arc<dyn LockBackend>, BoxError> {
+    Ok(Arc::new(EtcdBackend::connect(cfg).await?))
 }
 
 fn etcd_subjects(endpoints: &[String]) -> Vec<Subject> {
@@ -356,32 +380,120 @@ fn memory_subjects() -> Vec<Subject> {
     )]
 }
 
-/// The file backend on a lock folder under `dir`, a backend per client (as separate processes
-/// would have), each kept to count what it holds.
-fn file_subjects(dir: PathBuf) -> Vec<Subject> {
+/// File backends on the lock folder `dir`, a backend per client (as separate processes would
+/// have): what opens one, and the count of what all of them hold.
+fn file_backends(
+    dir: PathBuf,
+) -> (
+    impl Fn() -> Result<Arc<dyn LockBackend>, BoxError> + Send + Sync + 'static,
+    Count,
+) {
     let made: Arc<std::sync::Mutex<Vec<Arc<FileBackend>>>> = Arc::default();
     let m = Arc::clone(&made);
-    let open = move || -> Result<Ours, BoxError> {
+    let open = move || -> Result<Arc<dyn LockBackend>, BoxError> {
         let b = Arc::new(FileBackend::new(FileConfig::new(dir.clone()))?);
         if let Ok(mut v) = m.lock() {
             v.push(Arc::clone(&b));
         }
-        Ours::new(b)
+        Ok(b)
     };
     let held = move || {
         let all = made.lock();
         all.map(|v| v.iter().map(|b| b.held_count()).sum())
             .unwrap_or(usize::MAX)
     };
+    (open, Count::Local(Box::new(held)))
+}
+
+/// The file backend on a lock folder under `dir`, a backend per client, each kept to count
+/// what it holds.
+fn file_subjects(dir: PathBuf) -> Vec<Subject> {
+    let (open, count) = file_backends(dir);
     let label = "leasehold FileBackend (a backend per client)";
-    let make = make(move || std::future::ready(open()));
-    vec![Subject::new(
-        label,
-        Kind::Ours,
-        false,
-        make,
-        Count::Local(Box::new(held)),
-    )]
+    let make = make(move || std::future::ready(open().and_then(Ours::new)));
+    vec![Subject::new(label, Kind::Ours, false, make, count)]
+}
+
+/// Ours on `backend` as a lock, then as a semaphore of `limit` permits, each subject on
+/// backends of its own that `connect` opens.
+fn lock_and_permits<F, Fut>(
+    backend: &str,
+    limit: PermitLimit,
+    count: impl Fn(&Tag) -> Count,
+    connect: F,
+) -> Vec<Subject>
+where
+    F: Fn(Tag) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Result<Arc<dyn LockBackend>, BoxError>> + Send + 'static,
+{
+    let c = connect.clone();
+    vec![
+        subject(
+            lock_label(backend),
+            Kind::Ours,
+            "perf-sem-lock",
+            &count,
+            move |t| {
+                let b = c(t);
+                async move { Ours::new(b.await?) }
+            },
+        ),
+        subject(
+            permits_label(backend, limit),
+            Kind::Ours,
+            "perf-sem",
+            &count,
+            move |t| {
+                let b = connect(t);
+                async move { semaphore_client(b.await?, limit) }
+            },
+        ),
+    ]
+}
+
+fn lock_label(backend: &str) -> String {
+    format!("leasehold {backend}: lock")
+}
+
+fn permits_label(backend: &str, limit: PermitLimit) -> String {
+    format!("leasehold {backend}: semaphore, {} permits", limit.get())
+}
+
+/// A client taking permits of `backend`'s semaphore view.
+fn semaphore_client(backend: Arc<dyn LockBackend>, limit: PermitLimit) -> Result<Ours, BoxError> {
+    let view: Arc<dyn LockBackend> = backend.semaphore(limit)?;
+    Ours::new(view)
+}
+
+/// The memory backend as a lock and as a semaphore of `limit` permits (one backend; the
+/// permits of the cycle's key counted through the view).
+fn memory_lock_and_permits(limit: PermitLimit) -> Result<Vec<Subject>, BoxError> {
+    let backend = Arc::new(MemoryBackend::new());
+    let view = Arc::clone(&backend).semaphore(limit)?;
+    let key = CYCLE_KEY.into_lock_key()?;
+    let held = move || {
+        let holders = view.holders(&key).now_or_never();
+        holders.and_then(Result::ok).map_or(usize::MAX, |v| v.len())
+    };
+    let (b, b2) = (Arc::clone(&backend), Arc::clone(&backend));
+    let lock = make(move || std::future::ready(Ours::new(Arc::clone(&b) as _)));
+    let permits = make(move || std::future::ready(semaphore_client(Arc::clone(&b2) as _, limit)));
+    Ok(vec![
+        Subject::new(
+            lock_label("MemoryBackend"),
+            Kind::Ours,
+            true,
+            lock,
+            Count::Local(Box::new(move || backend.held_count())),
+        ),
+        Subject::new(
+            permits_label("MemoryBackend", limit),
+            Kind::Ours,
+            true,
+            permits,
+            Count::Local(Box::new(held)),
+        ),
+    ])
 }
 
 /// The URLs of a service of `scripts/services`.
@@ -419,26 +531,127 @@ async fn faulty_redlock(g: &mut Group, mode: Mode) -> Result<Vec<Subject>, BoxEr
     Ok(redis_subjects(&via, &direct))
 }
 
+impl Group {
+    fn new(full: bool) -> Self {
+        Self {
+            title: String::new(),
+            full,
+            subjects: Vec::new(),
+            fault: None,
+            counted: std::sync::Mutex::default(),
+            _keep: Vec::new(),
+        }
+    }
+
+    /// A lock folder under `out`, removed with the group.
+    fn lock_dir(&mut self, out: &Path) -> Result<PathBuf, BoxError> {
+        let dir = out.join(format!("file-locks-{}", services::unique_prefix("perf")));
+        std::fs::create_dir_all(&dir)?;
+        self._keep.push(Box::new(RemoveDir(dir.clone())));
+        Ok(dir)
+    }
+}
+
+/// The backends of the `semaphore` group, as their lock groups are named.
+pub(super) const SEMAPHORE_BACKENDS: [&str; 5] =
+    ["memory", "file", "redis", "postgres-tcp", "etcd"];
+
+/// The semaphore group of backend `name` (one of [`SEMAPHORE_BACKENDS`]): ours as a lock and
+/// ours as a semaphore of `limit` permits, each on backends of its own, titled as the lock
+/// group.
+pub(super) async fn build_semaphore_group(
+    name: &'static str,
+    out: &Path,
+    limit: PermitLimit,
+) -> Result<Group, BoxError> {
+    let mut g = Group::new(false);
+    let (title, subjects) = match name {
+        "memory" => ("memory (in process)", memory_lock_and_permits(limit)?),
+        "file" => {
+            let dir = g.lock_dir(out)?;
+            let (lock, lock_count) = file_backends(dir.clone());
+            let (sem, sem_count) = file_backends(dir);
+            let lock = make(move || std::future::ready(lock().and_then(Ours::new)));
+            let sem =
+                make(move || std::future::ready(sem().and_then(|b| semaphore_client(b, limit))));
+            let subjects = vec![
+                Subject::new(
+                    lock_label("FileBackend"),
+                    Kind::Ours,
+                    false,
+                    lock,
+                    lock_count,
+                ),
+                Subject::new(
+                    permits_label("FileBackend", limit),
+                    Kind::Ours,
+                    false,
+                    sem,
+                    sem_count,
+                ),
+            ];
+            ("file (flock, local disk)", subjects)
+        }
+        "redis" => {
+            let url = urls(Service::Redis)?;
+            let count = |t: &Tag| Count::Redis {
+                urls: url.clone(),
+                needle: t.prefix.clone(),
+            };
+            let u = url.clone();
+            let subjects = lock_and_permits("RedisBackend", limit, count, move |t| {
+                redis_backend(u.clone(), t.prefix, false)
+            });
+            ("redis (single node)", subjects)
+        }
+        "postgres-tcp" => {
+            let conninfo = services::lookup(Service::Postgres)?.url().to_owned();
+            let count = |t: &Tag| Count::Postgres {
+                conninfo: conninfo.clone(),
+                app: t.app.clone(),
+            };
+            let c = conninfo.clone();
+            let subjects = lock_and_permits("PostgresBackend", limit, count, move |t| {
+                let c = c.clone();
+                async move { pg_backend(&c, t.prefix, t.app).await }
+            });
+            ("postgres over TCP", subjects)
+        }
+        "etcd" => {
+            let endpoints = urls(Service::Etcd)?;
+            let count = |t: &Tag| Count::Etcd {
+                endpoints: endpoints.clone(),
+                prefix: t.prefix.clone(),
+                leases: None,
+            };
+            let e = endpoints.clone();
+            let subjects =
+                lock_and_permits("EtcdBackend (session lease)", limit, count, move |t| {
+                    let cfg = EtcdConfig::new(e.clone()).with_prefix(t.prefix);
+                    async move { etcd_backend(cfg?).await }
+                });
+            ("etcd, single member", subjects)
+        }
+        other => return Err(format!("no semaphore subjects for group {other:?}").into()),
+    };
+    g.title = title.to_owned();
+    g.subjects = subjects;
+    Ok(g)
+}
+
 /// Sets group `name` up (`out`: where the file backend's lock folder goes).
 pub(super) async fn build_group(name: &'static str, out: &Path) -> Result<Group, BoxError> {
-    let mut g = Group {
-        title: String::new(),
-        full: matches!(name, "memory" | "file" | "redis" | "redlock5")
+    let mut g = Group::new(
+        matches!(name, "memory" | "file" | "redis" | "redlock5")
             || name.starts_with("postgres")
             || name.starts_with("etcd"),
-        subjects: Vec::new(),
-        fault: None,
-        counted: std::sync::Mutex::default(),
-        _keep: Vec::new(),
-    };
+    );
     let (title, subjects) = match name {
         "memory" => ("memory (in process)".to_owned(), memory_subjects()),
-        "file" => {
-            let dir = out.join(format!("file-locks-{}", services::unique_prefix("perf")));
-            std::fs::create_dir_all(&dir)?;
-            g._keep.push(Box::new(RemoveDir(dir.clone())));
-            ("file (flock, local disk)".to_owned(), file_subjects(dir))
-        }
+        "file" => (
+            "file (flock, local disk)".to_owned(),
+            file_subjects(g.lock_dir(out)?),
+        ),
         "redis" => {
             let url = urls(Service::Redis)?;
             ("redis (single node)".to_owned(), redis_subjects(&url, &url))

@@ -31,6 +31,7 @@
 //! leftover or nonsensical figure; it never judges timings.
 
 mod extras;
+pub(crate) mod failover;
 pub(crate) mod fleet;
 mod groups;
 mod leftovers;
@@ -38,6 +39,7 @@ pub(crate) mod model;
 mod output;
 mod pinned;
 mod scenarios;
+mod semaphore;
 
 use std::path::Path;
 use std::time::Duration;
@@ -72,12 +74,17 @@ fn setup_failed(rt: &str, name: &str, e: &BoxError) -> Row {
 async fn run_runtime(p: &Params, rt: &str, out: &Path) -> Vec<Row> {
     let mut rows = Vec::new();
     for &name in &GROUPS {
-        if !chosen(p, name) || is_pinned(name) || name == "tower-layer" || name == "fleet" {
+        if !chosen(p, name)
+            || is_pinned(name)
+            || matches!(name, "tower-layer" | "fleet" | "failover")
+        {
             continue;
         }
         let started = Instant::now();
         if name == "redis-benchmark" {
             rows.extend(extras::redis_benchmark(p, rt).await);
+        } else if name == "semaphore" {
+            rows.extend(semaphore::run(p, rt, out).await);
         } else {
             let g = match groups::build_group(name, out).await {
                 Ok(g) => g,
@@ -147,6 +154,13 @@ pub(crate) fn main(out: &Path, runtimes: &[&str], p: &Params) -> Result<(), BoxE
         let rt = runtime(flavour)?;
         rows.extend(rt.block_on(run_runtime(p, flavour, out)));
         // Background releases and the extra Redis nodes end with the runtime.
+        rt.shutdown_timeout(Duration::from_secs(2));
+    }
+    if chosen(p, "failover")
+        && let Some(&first) = runtimes.first()
+    {
+        let rt = runtime(first)?;
+        rows.extend(rt.block_on(failover::run(p, first, out)));
         rt.shutdown_timeout(Duration::from_secs(2));
     }
     if chosen(p, "tower-layer") {
