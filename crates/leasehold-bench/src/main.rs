@@ -48,8 +48,9 @@ enum Command {
     /// Every backend side by side with its raw protocol cycle and the peer crates (with
     /// `--features peers`): uncontended latency, throughput on distinct keys, one contended
     /// key, Redlock on 3/5/7 nodes and with one node black-holed or slowed, our Redis cycles
-    /// against redis-benchmark, the LockLayer overhead, and PostgreSQL pinned to its own CPU
-    /// with repeats. Writes perf.md, perf.csv and SVG charts.
+    /// against redis-benchmark, semaphore permit cycles, leader failover times, the LockLayer
+    /// overhead, and PostgreSQL pinned to its own CPU with repeats. Writes perf.md, perf.csv
+    /// and SVG charts.
     Perf(PerfArgs),
     /// The safety torture table: every backend under every fault that applies (client pause,
     /// delayed response, Redis node restarted empty, clock jump, pg_terminate_backend, etcd

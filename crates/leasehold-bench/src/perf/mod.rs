@@ -25,6 +25,11 @@
 //! current-thread runtime of its own), and PostgreSQL with the bench and the server pinned to
 //! different CPUs, every figure a median of repeats (run last, in a phase of their own).
 //!
+//! The `semaphore` group ([`semaphore`]) measures an uncontended permit cycle (4 permits per
+//! key) against the same backend's lock cycle on every backend that gives semaphores; the
+//! `failover` group ([`failover`]) the time from a leader's crash, and from its `resign()`, to a
+//! new leader on every backend that gives elections (on the first runtime only).
+//!
 //! A last table ([`leftovers`]) shows what keys leave behind after release (Redis, file).
 //!
 //! `--quick` runs everything with tiny counts and fails (exit status 1) on any error,

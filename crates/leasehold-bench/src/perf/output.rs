@@ -593,6 +593,40 @@ mod tests {
     }
 
     #[test]
+    fn failover_rows_make_their_table_and_fail_without_a_figure() {
+        let mut times = [1900.0, 2100.0, 2000.0];
+        let r = Row {
+            scenario: Scenario::Failover,
+            failover: Some(Spread::of(&mut times)),
+            resign: Some(Spread::of(&mut [5.0])),
+            cycles: 3,
+            ..test_row("leasehold RedisBackend: election", "ours", 1)
+        };
+        let p = Params::quick(Vec::new(), false);
+        let t = tables(std::slice::from_ref(&r), "rt", &p);
+        let md = t[0].markdown();
+        assert!(md.contains("3 repeat(s)"), "{md}");
+        assert!(
+            md.contains("| 2000.0 ms [1900.0–2100.0] | 5.0 ms | 0 |"),
+            "{md}"
+        );
+        assert!(crate::perf::model::problems(std::slice::from_ref(&r)).is_empty());
+        let unmeasured = Row {
+            failover: None,
+            ..r
+        };
+        let problems = crate::perf::model::problems(&[unmeasured]);
+        assert!(problems[0].contains("no failover measured"), "{problems:?}");
+        assert!(
+            csv(&[])
+                .lines()
+                .next()
+                .unwrap_or_default()
+                .contains("failover_median_ms")
+        );
+    }
+
+    #[test]
     fn csv_quotes_text_fields() {
         let r = Row {
             error: Some("said \"no\", twice".into()),

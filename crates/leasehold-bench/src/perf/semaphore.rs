@@ -49,3 +49,28 @@ fn mark(rows: &mut [Row]) {
         permit.ratio = Some((Spread::of(&mut [x]), "of the lock cycle".into()));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::perf::model::test_row;
+
+    #[test]
+    fn the_permit_row_gets_its_ratio_to_the_lock_row() {
+        let mut rows = vec![test_row("lock", "ours", 2), test_row("permit", "ours", 3)];
+        mark(&mut rows);
+        assert!(rows.iter().all(|r| r.scenario == Scenario::Semaphore));
+        assert!(rows[0].ratio.is_none());
+        let (s, of) = rows[1].ratio.clone().unwrap_or_else(|| panic!("no ratio"));
+        assert!((s.median - 1.5).abs() < 1e-9, "{s:?}");
+        assert_eq!(of, "of the lock cycle");
+        // No lock figure, no ratio.
+        let mut rows = vec![test_row("lock", "ours", 2), test_row("permit", "ours", 3)];
+        rows[0].p50 = None;
+        mark(&mut rows);
+        assert!(rows[1].ratio.is_none());
+        assert_eq!(rows[1].p50, Some(Duration::from_millis(3)));
+    }
+}

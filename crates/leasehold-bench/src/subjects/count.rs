@@ -134,3 +134,17 @@ async fn etcd_leftovers(
     }
     Ok(n)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A semaphore's stored limit is skipped; its permits, and locks, are counted.
+    #[test]
+    fn etcd_limit_keys_are_not_counted_as_held() {
+        assert!(etcd_permit_limit(b"lh-perf:%sem/u"));
+        assert!(!etcd_permit_limit(b"lh-perf:%sem/u/694d7a1b2c"));
+        assert!(!etcd_permit_limit(b"lh-perf:u/694d7a1b2c"));
+        assert!(!etcd_permit_limit(b"lh-perf:%elect/u/694d7a1b2c"));
+    }
+}
