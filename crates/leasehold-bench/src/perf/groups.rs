@@ -7,8 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::FutureExt as _;
-use leasehold_core::{IntoLockKey as _, LockBackend, MemoryBackend, PermitLimit};
+use leasehold_core::{LockBackend, MemoryBackend};
 use leasehold_etcd::{EtcdBackend, EtcdConfig, LeaseMode};
 use leasehold_postgres::{PostgresBackend, PostgresConfig};
 use leasehold_redis::{RedisBackend, RedisConfig, RedlockBackend, RedlockConfig};
@@ -16,7 +15,6 @@ use leasehold_test_support::proxy::{FaultProxy, Mode};
 use leasehold_test_support::services::{self, Service};
 use tokio::time::Instant;
 
-use super::scenarios::CYCLE_KEY;
 use crate::file_backend::{FileBackend, FileConfig};
 use crate::harness::BoxError;
 #[cfg(feature = "peers")]
@@ -48,16 +46,16 @@ pub(super) struct Group {
 
 /// The names one subject's locks and sessions go by on the servers.
 #[derive(Clone)]
-struct Tag {
+pub(super) struct Tag {
     /// Prefix of its keys.
-    prefix: String,
+    pub(super) prefix: String,
     /// `application_name` of its PostgreSQL sessions.
-    app: String,
+    pub(super) app: String,
 }
 
 /// A subject whose clients `connect` makes, and whose leftovers `count` says how to count,
 /// each given the subject's own [`Tag`] (`what` starts its prefix).
-fn subject<F, Fut, C>(
+pub(super) fn subject<F, Fut, C>(
     label: impl Into<String>,
     kind: Kind,
     what: &str,
@@ -382,7 +380,7 @@ fn memory_subjects() -> Vec<Subject> {
 
 /// File backends on the lock folder `dir`, a backend per client (as separate processes would
 /// have): what opens one, and the count of what all of them hold.
-fn file_backends(
+pub(super) fn file_backends(
     dir: PathBuf,
 ) -> (
     impl Fn() -> Result<Arc<dyn LockBackend>, BoxError> + Send + Sync + 'static,
@@ -414,90 +412,8 @@ fn file_subjects(dir: PathBuf) -> Vec<Subject> {
     vec![Subject::new(label, Kind::Ours, false, make, count)]
 }
 
-/// Ours on `backend` as a lock, then as a semaphore of `limit` permits, each subject on
-/// backends of its own that `connect` opens.
-fn lock_and_permits<F, Fut>(
-    backend: &str,
-    limit: PermitLimit,
-    count: impl Fn(&Tag) -> Count,
-    connect: F,
-) -> Vec<Subject>
-where
-    F: Fn(Tag) -> Fut + Clone + Send + Sync + 'static,
-    Fut: Future<Output = Result<Arc<dyn LockBackend>, BoxError>> + Send + 'static,
-{
-    let c = connect.clone();
-    vec![
-        subject(
-            lock_label(backend),
-            Kind::Ours,
-            "perf-sem-lock",
-            &count,
-            move |t| {
-                let b = c(t);
-                async move { Ours::new(b.await?) }
-            },
-        ),
-        subject(
-            permits_label(backend, limit),
-            Kind::Ours,
-            "perf-sem",
-            &count,
-            move |t| {
-                let b = connect(t);
-                async move { semaphore_client(b.await?, limit) }
-            },
-        ),
-    ]
-}
-
-fn lock_label(backend: &str) -> String {
-    format!("leasehold {backend}: lock")
-}
-
-fn permits_label(backend: &str, limit: PermitLimit) -> String {
-    format!("leasehold {backend}: semaphore, {} permits", limit.get())
-}
-
-/// A client taking permits of `backend`'s semaphore view.
-fn semaphore_client(backend: Arc<dyn LockBackend>, limit: PermitLimit) -> Result<Ours, BoxError> {
-    let view: Arc<dyn LockBackend> = backend.semaphore(limit)?;
-    Ours::new(view)
-}
-
-/// The memory backend as a lock and as a semaphore of `limit` permits (one backend; the
-/// permits of the cycle's key counted through the view).
-fn memory_lock_and_permits(limit: PermitLimit) -> Result<Vec<Subject>, BoxError> {
-    let backend = Arc::new(MemoryBackend::new());
-    let view = Arc::clone(&backend).semaphore(limit)?;
-    let key = CYCLE_KEY.into_lock_key()?;
-    let held = move || {
-        let holders = view.holders(&key).now_or_never();
-        holders.and_then(Result::ok).map_or(usize::MAX, |v| v.len())
-    };
-    let (b, b2) = (Arc::clone(&backend), Arc::clone(&backend));
-    let lock = make(move || std::future::ready(Ours::new(Arc::clone(&b) as _)));
-    let permits = make(move || std::future::ready(semaphore_client(Arc::clone(&b2) as _, limit)));
-    Ok(vec![
-        Subject::new(
-            lock_label("MemoryBackend"),
-            Kind::Ours,
-            true,
-            lock,
-            Count::Local(Box::new(move || backend.held_count())),
-        ),
-        Subject::new(
-            permits_label("MemoryBackend", limit),
-            Kind::Ours,
-            true,
-            permits,
-            Count::Local(Box::new(held)),
-        ),
-    ])
-}
-
 /// The URLs of a service of `scripts/services`.
-fn urls(service: Service) -> Result<Vec<String>, BoxError> {
+pub(super) fn urls(service: Service) -> Result<Vec<String>, BoxError> {
     Ok(services::lookup(service)?.urls().to_vec())
 }
 
@@ -532,7 +448,7 @@ async fn faulty_redlock(g: &mut Group, mode: Mode) -> Result<Vec<Subject>, BoxEr
 }
 
 impl Group {
-    fn new(full: bool) -> Self {
+    pub(super) fn new(full: bool) -> Self {
         Self {
             title: String::new(),
             full,
@@ -544,99 +460,12 @@ impl Group {
     }
 
     /// A lock folder under `out`, removed with the group.
-    fn lock_dir(&mut self, out: &Path) -> Result<PathBuf, BoxError> {
+    pub(super) fn lock_dir(&mut self, out: &Path) -> Result<PathBuf, BoxError> {
         let dir = out.join(format!("file-locks-{}", services::unique_prefix("perf")));
         std::fs::create_dir_all(&dir)?;
         self._keep.push(Box::new(RemoveDir(dir.clone())));
         Ok(dir)
     }
-}
-
-/// The backends of the `semaphore` group, as their lock groups are named.
-pub(super) const SEMAPHORE_BACKENDS: [&str; 5] =
-    ["memory", "file", "redis", "postgres-tcp", "etcd"];
-
-/// The semaphore group of backend `name` (one of [`SEMAPHORE_BACKENDS`]): ours as a lock and
-/// ours as a semaphore of `limit` permits, each on backends of its own, titled as the lock
-/// group.
-pub(super) async fn build_semaphore_group(
-    name: &'static str,
-    out: &Path,
-    limit: PermitLimit,
-) -> Result<Group, BoxError> {
-    let mut g = Group::new(false);
-    let (title, subjects) = match name {
-        "memory" => ("memory (in process)", memory_lock_and_permits(limit)?),
-        "file" => {
-            let dir = g.lock_dir(out)?;
-            let (lock, lock_count) = file_backends(dir.clone());
-            let (sem, sem_count) = file_backends(dir);
-            let lock = make(move || std::future::ready(lock().and_then(Ours::new)));
-            let sem =
-                make(move || std::future::ready(sem().and_then(|b| semaphore_client(b, limit))));
-            let subjects = vec![
-                Subject::new(
-                    lock_label("FileBackend"),
-                    Kind::Ours,
-                    false,
-                    lock,
-                    lock_count,
-                ),
-                Subject::new(
-                    permits_label("FileBackend", limit),
-                    Kind::Ours,
-                    false,
-                    sem,
-                    sem_count,
-                ),
-            ];
-            ("file (flock, local disk)", subjects)
-        }
-        "redis" => {
-            let url = urls(Service::Redis)?;
-            let count = |t: &Tag| Count::Redis {
-                urls: url.clone(),
-                needle: t.prefix.clone(),
-            };
-            let u = url.clone();
-            let subjects = lock_and_permits("RedisBackend", limit, count, move |t| {
-                redis_backend(u.clone(), t.prefix, false)
-            });
-            ("redis (single node)", subjects)
-        }
-        "postgres-tcp" => {
-            let conninfo = services::lookup(Service::Postgres)?.url().to_owned();
-            let count = |t: &Tag| Count::Postgres {
-                conninfo: conninfo.clone(),
-                app: t.app.clone(),
-            };
-            let c = conninfo.clone();
-            let subjects = lock_and_permits("PostgresBackend", limit, count, move |t| {
-                let c = c.clone();
-                async move { pg_backend(&c, t.prefix, t.app).await }
-            });
-            ("postgres over TCP", subjects)
-        }
-        "etcd" => {
-            let endpoints = urls(Service::Etcd)?;
-            let count = |t: &Tag| Count::Etcd {
-                endpoints: endpoints.clone(),
-                prefix: t.prefix.clone(),
-                leases: None,
-            };
-            let e = endpoints.clone();
-            let subjects =
-                lock_and_permits("EtcdBackend (session lease)", limit, count, move |t| {
-                    let cfg = EtcdConfig::new(e.clone()).with_prefix(t.prefix);
-                    async move { etcd_backend(cfg?).await }
-                });
-            ("etcd, single member", subjects)
-        }
-        other => return Err(format!("no semaphore subjects for group {other:?}").into()),
-    };
-    g.title = title.to_owned();
-    g.subjects = subjects;
-    Ok(g)
 }
 
 /// Sets group `name` up (`out`: where the file backend's lock folder goes).
