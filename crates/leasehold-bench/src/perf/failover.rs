@@ -246,12 +246,27 @@ pub(crate) fn child_main(name: &str, at: &str, key: &str, prefix: &str) -> Resul
     })
 }
 
-/// A campaign in a task of its own: the leadership and when `campaign()` returned.
-fn campaign(e: Elector) -> tokio::task::JoinHandle<Result<(Leadership, Instant), String>> {
-    tokio::spawn(async move {
-        let l = e.campaign_for(LIMIT).await.map_err(|e| e.to_string())?;
-        Ok((l, Instant::now()))
-    })
+/// A campaign in a task of its own, stopped if dropped before it won (a repeat that failed).
+struct Campaign(tokio::task::JoinHandle<Result<(Leadership, Instant), String>>);
+
+impl Campaign {
+    fn start(e: Elector) -> Self {
+        Self(tokio::spawn(async move {
+            let l = e.campaign_for(LIMIT).await.map_err(|e| e.to_string())?;
+            Ok((l, Instant::now()))
+        }))
+    }
+
+    /// The leadership and when `campaign()` returned.
+    async fn won(mut self) -> Result<(Leadership, Instant), BoxError> {
+        Ok((&mut self.0).await??)
+    }
+}
+
+impl Drop for Campaign {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// What one repeat measured.
@@ -269,23 +284,23 @@ async fn repeat(target: &Target, tag: &str) -> Result<Measured, BoxError> {
     let first_term = first.term;
     let second = target.elector(&key, tag, "second").await?;
     let third = target.elector(&key, tag, "third").await?;
-    let taking = campaign(second);
+    let taking = Campaign::start(second);
     tokio::time::sleep(SETTLE).await;
     let crashed = Instant::now();
     first.crash().await?;
-    let (lead2, took) = taking.await??;
+    let (lead2, took) = taking.won().await?;
     let failover = took.saturating_duration_since(crashed);
     let term2 = lead2.term().get();
     if term2 <= first_term {
         return Err(format!("term {term2} after the crashed leader's {first_term}").into());
     }
-    let handed = campaign(third.clone());
+    let handed = Campaign::start(third.clone());
     tokio::time::sleep(SETTLE).await;
     if !lead2.resign().await? {
         return Err("the second leader had lost its leadership before it resigned".into());
     }
     let resigned = Instant::now();
-    let (lead3, took) = handed.await??;
+    let (lead3, took) = handed.won().await?;
     let handoff = took.saturating_duration_since(resigned);
     let term3 = lead3.term().get();
     if term3 <= term2 {
