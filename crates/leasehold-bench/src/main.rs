@@ -48,8 +48,9 @@ enum Command {
     /// Every backend side by side with its raw protocol cycle and the peer crates (with
     /// `--features peers`): uncontended latency, throughput on distinct keys, one contended
     /// key, Redlock on 3/5/7 nodes and with one node black-holed or slowed, our Redis cycles
-    /// against redis-benchmark, the LockLayer overhead, and PostgreSQL pinned to its own CPU
-    /// with repeats. Writes perf.md, perf.csv and SVG charts.
+    /// against redis-benchmark, semaphore permit cycles, leader failover times, the LockLayer
+    /// overhead, and PostgreSQL pinned to its own CPU with repeats. Writes perf.md, perf.csv
+    /// and SVG charts.
     Perf(PerfArgs),
     /// The safety torture table: every backend under every fault that applies (client pause,
     /// delayed response, Redis node restarted empty, clock jump, pg_terminate_backend, etcd
@@ -59,6 +60,21 @@ enum Command {
     /// One measurement of the `fleet` perf group, in a process of its own (internal).
     #[command(name = "__fleet", hide = true)]
     Fleet(FleetArgs),
+    /// A leader of the `failover` perf group, in a process of its own to be killed (internal).
+    #[command(name = "__leader", hide = true)]
+    Leader(LeaderArgs),
+}
+
+#[derive(Args)]
+struct LeaderArgs {
+    #[arg(long)]
+    backend: String,
+    #[arg(long)]
+    at: String,
+    #[arg(long)]
+    key: String,
+    #[arg(long)]
+    prefix: String,
 }
 
 #[derive(Args)]
@@ -104,7 +120,8 @@ struct PerfArgs {
     contention_secs: f64,
     /// Measurements of the repeated groups: the pinned PostgreSQL groups measure this many
     /// times, each on new connections (so on new server processes); the LockLayer group
-    /// runs 4 × this + 1 rounds. Their tables give medians and ranges.
+    /// runs 4 × this + 1 rounds; the failover group crashes this many leaders per backend.
+    /// Their tables give medians and ranges.
     #[arg(long, default_value_t = 5)]
     repeats: usize,
     /// Cycles per implementation and repeat in the pinned PostgreSQL groups.
@@ -119,8 +136,11 @@ struct PerfArgs {
     no_pin: bool,
     /// Which groups to run (comma-separated; default all): memory, file, redis,
     /// redis-sentinel, redis-benchmark, redlock3, redlock5, redlock7, redlock5-blackhole,
-    /// redlock5-slow, postgres-tcp, postgres-unix, etcd, etcd-cluster, tower-layer, fleet,
-    /// postgres-tcp-pinned, postgres-unix-pinned.
+    /// redlock5-slow, postgres-tcp, postgres-unix, etcd, etcd-cluster, semaphore (a permit
+    /// cycle against the lock cycle on each backend that gives semaphores), failover (leader
+    /// crash and resign() to a new leader on each backend that gives elections, `--repeats`
+    /// times, on the first runtime), tower-layer, fleet, postgres-tcp-pinned,
+    /// postgres-unix-pinned.
     #[arg(long, value_delimiter = ',')]
     groups: Vec<String>,
 }
@@ -186,6 +206,7 @@ fn main() -> ExitCode {
             };
             safety::main(&cli.out, &params)
         }
+        Command::Leader(a) => perf::failover::child_main(&a.backend, &a.at, &a.key, &a.prefix),
         Command::Fleet(a) => perf::fleet::child_main(&perf::fleet::Spec {
             backend: a.backend.clone(),
             n: a.n,

@@ -93,6 +93,9 @@ fn spawn_holder(args: &AcquireArgs, dir: &Path) -> Result<Child, u8> {
     if args.how.no_wait {
         cmd.arg("--no-wait");
     }
+    if let Some(n) = args.target.permits {
+        cmd.arg("--permits").arg(n.to_string());
+    }
     match &args.target.url {
         Some(url) => cmd.env(HOLDER_URL_VAR, url),
         None => cmd.env_remove(HOLDER_URL_VAR),

@@ -4,7 +4,7 @@
 //! user guide's "Exit codes" table is rendered from it, and a test fails, printing the table to
 //! paste, when the guide's copy drifts from it. `--help` points to the guide.
 
-/// `status`: the lock is free; `release`: no holder found.
+/// `status`: the lock is free; `release`: no holder found; `leader`: no leader.
 pub(crate) const FREE: u8 = 1;
 /// Bad command line; `release --key`: several live holders.
 pub(crate) const USAGE: u8 = 2;
@@ -15,15 +15,15 @@ pub(crate) const UNAVAILABLE: u8 = 69;
 pub(crate) const CONTENDED: u8 = 75;
 /// Configuration error, or any other error of the backend.
 pub(crate) const CONFIG: u8 = 78;
-/// The lease was lost.
+/// The lease was lost (`elect --once`: the leadership).
 pub(crate) const LOST: u8 = 79;
 /// Timed out waiting for the lock.
 pub(crate) const TIMEOUT: u8 = 124;
 /// The command, or the holder process, could not be started.
 pub(crate) const CANNOT_RUN: u8 = 126;
-/// 128 + SIGINT: interrupted while acquiring (as shells report it).
+/// 128 + SIGINT: interrupted while acquiring or campaigning (as shells report it).
 pub(crate) const INTERRUPTED: u8 = 130;
-/// 128 + SIGTERM: terminated while acquiring.
+/// 128 + SIGTERM: terminated while acquiring or campaigning.
 pub(crate) const TERMINATED: u8 = 143;
 
 /// One row of the exit-code table: the codes, and what they mean.
@@ -44,7 +44,7 @@ const TABLE: [Row; 10] = [
     },
     Row {
         codes: &[FREE],
-        meaning: "`status`: the lock is free; `release`: no holder found",
+        meaning: "`status`: the lock is free; `release`: no holder found; `leader`: no leader",
     },
     Row {
         codes: &[USAGE],
@@ -62,13 +62,15 @@ const TABLE: [Row; 10] = [
     Row {
         codes: &[CONFIG],
         meaning: "configuration error: bad URL or config file, bad key, `require` not met, \
-                  unusable runtime dir, a `release` handle that is not a holder's state file; \
-                  also any other error the backend reports",
+                  unusable runtime dir, a `release` handle that is not a holder's state file, \
+                  a backend that gives no elections (`elect`, `leader` on Redlock); also any \
+                  other error the backend reports",
     },
     Row {
         codes: &[LOST],
         meaning: "the lease was lost (`run`: the command was terminated; `release`: lost before \
-                  or at release, or the holder died)",
+                  or at release, or the holder died; `elect --once`: the leadership was lost and \
+                  the command terminated)",
     },
     Row {
         codes: &[TIMEOUT],
@@ -82,13 +84,14 @@ const TABLE: [Row; 10] = [
     Row {
         codes: &[INTERRUPTED, TERMINATED],
         meaning: "`acquire`, `run`: SIGINT or SIGTERM while waiting for the lock (128 + N; the \
-                  lock is not taken)",
+                  lock is not taken); `elect`: the same while campaigning",
     },
 ];
 
-/// The last row: `run`'s own status, which is not a code of leasehold's.
+/// The last row: the status of `run`'s and `elect`'s command, which is not a code of leasehold's.
 #[cfg(test)]
-const COMMAND_ROW: &str = "| other | `run`: the command's own status (128 + N for signal N) |";
+const COMMAND_ROW: &str =
+    "| other | `run`, `elect`: the command's own status (128 + N for signal N) |";
 
 /// The exit-code table in Markdown, as the guide shows it.
 #[cfg(test)]

@@ -4,17 +4,18 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use leasehold::{Error, ErrorKind, Lease, LockConfig, Locker, redact};
+use leasehold::{Error, ErrorKind, Lease, LockConfig, Locker, Semaphore, redact};
 
 use crate::code;
 
 /// After this long without the lock, say on stderr that we wait (unless `--quiet`).
-const WAIT_NOTICE: Duration = Duration::from_secs(1);
+pub(crate) const WAIT_NOTICE: Duration = Duration::from_secs(1);
 
 /// Which lock, on which backend.
 #[derive(clap::Args, Clone, Debug)]
 pub(crate) struct Target {
-    /// The lock's name (no control characters).
+    /// The name of the lock (or of the election, for `elect` and `leader`); no control
+    /// characters.
     #[arg(long, value_parser = cli_key)]
     pub(crate) key: String,
     /// The backend URL (file:///dir, redis://…, redlock://…, postgres://…, etcd://…). Default:
@@ -25,6 +26,10 @@ pub(crate) struct Target {
     /// A leasehold TOML configuration file (LEASEHOLD_* variables override it).
     #[arg(long)]
     pub(crate) config: Option<PathBuf>,
+    /// Take one of N permits of the key (a semaphore) instead of the lock. Every client of a
+    /// key must use the same N; a backend without semaphores (Redlock) exits 78.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub(crate) permits: Option<u32>,
 }
 
 /// Parses `--key`: control characters (a newline, an escape…) are refused, since keys are
@@ -108,6 +113,21 @@ pub(crate) fn config_of(target: &Target, ttl: Option<Duration>) -> Result<LockCo
     Ok(config)
 }
 
+/// Builds what the target names: the locker of the lock, or with `--permits` the locker over
+/// the backend's permit view (and the semaphore, for its holders).
+pub(crate) async fn build(
+    target: &Target,
+    config: &LockConfig,
+) -> Result<(Locker, Option<Semaphore>), Error> {
+    match target.permits {
+        Some(n) => {
+            let sem = config.build_semaphore(n).await?;
+            Ok((sem.locker().clone(), Some(sem)))
+        }
+        None => Ok((config.build().await?, None)),
+    }
+}
+
 /// Where the lock lives, without secrets: the URL with its passwords masked
 /// ([`leasehold::redact`]), the configuration file's path, or the default file-lock folder.
 pub(crate) fn location_of(target: &Target) -> String {
@@ -154,7 +174,7 @@ pub(crate) async fn obtain(
         message: e.to_string(),
     };
     let config = config_of(target, how.ttl).map_err(fail)?;
-    let locker = config.build().await.map_err(fail)?;
+    let (locker, _) = build(target, &config).await.map_err(fail)?;
     let wait = how.wait.unwrap_or_else(|| config.wait_budget());
     let acquired = if how.no_wait {
         match locker.try_acquire(target.key.as_str()).await {

@@ -12,6 +12,9 @@
 //! leasehold release                                                    # uses $LEASEHOLD_HANDLE
 //!
 //! leasehold status --key deploy --url etcd://10.0.0.5:2379 [--json]
+//!
+//! leasehold elect --key scheduler --value "$(hostname)" --url etcd://10.0.0.5:2379 -- ./scheduler
+//! leasehold leader --key scheduler --url etcd://10.0.0.5:2379 [--json]
 //! ```
 //!
 //! # `run`
@@ -41,16 +44,35 @@
 //! What the backend can tell about the current holder of a key (owner value, fencing token,
 //! remaining TTL, session or lease), as text or `--json`.
 //!
+//! # `elect` and `leader`
+//!
+//! `elect` campaigns for the leadership of a key ([`leasehold::Elector`]) and runs the command
+//! while leader, as `run` runs it under a lock, with `LEASEHOLD_TERM` (the leadership's term,
+//! equal to `LEASEHOLD_FENCING_TOKEN`) added. A lost leadership stops the command as a lost
+//! lease does under `run`; then `elect` campaigns again, or with `--once` exits 79. The
+//! command ending on its own ends `elect`: it resigns and exits with the command's status.
+//! `leader` prints the current leader's value and term (exit 0) or that there is none (1).
+//!
 //! # Exit status
 //!
-//! `run` exits with the command's own status (128 + N if a signal N ended it); leasehold's own
+//! `run` and `elect` exit with the command's own status (128 + N if a signal N ended it); leasehold's own
 //! codes are listed in the "Exit codes" table of the user guide (`docs/guide.md`), which is
 //! rendered from this crate's definition of them and checked against it by its tests.
+
+/// `println!` that does not panic when stdout is a closed pipe (`leasehold status | head -1`).
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
 
 mod acquire;
 mod child;
 mod code;
+mod elect;
 mod holder;
+mod leader;
 mod lock;
 mod release;
 mod run;
@@ -69,15 +91,15 @@ use crate::lock::AcquireArgs;
 const SETTLE: Duration = Duration::from_secs(5);
 
 /// Where `--help` sends the reader for the exit codes.
-const EXIT_CODES: &str = "Exit status: `run` exits with the command's own status; every other \
-                          code of leasehold is explained in the table \"Exit codes\" of the user \
+const EXIT_CODES: &str = "Exit status: `run` and `elect` exit with the command's own status; \
+                          every other code of leasehold is explained in the table \"Exit codes\" of the user \
                           guide, docs/guide.md.";
 
 #[derive(Parser)]
 #[command(
     name = "leasehold",
     version,
-    about = "Take locks from the shell on any leasehold backend",
+    about = "Take locks and lead elections from the shell on any leasehold backend",
     after_help = EXIT_CODES
 )]
 struct Cli {
@@ -95,6 +117,17 @@ enum Cmd {
     Release(release::ReleaseArgs),
     /// Show what the backend can tell about the holder of a lock.
     Status(status::StatusArgs),
+    /// Campaign for the leadership of a key; run the command while leader, with its term.
+    ///
+    /// The command gets `LEASEHOLD_TERM` (equal to `LEASEHOLD_FENCING_TOKEN`: hand it to
+    /// fenced resources) besides what `run` gives it. When the leadership is lost the command
+    /// gets SIGTERM (its process group), then SIGKILL after --grace, and `elect` campaigns
+    /// again (with --once: exits 79). When the command ends on its own, `elect` resigns and
+    /// exits with its status. SIGTERM or SIGINT: while campaigning, exit 143 or 130; while
+    /// leading, passed on to the command, then `elect` resigns and exits with its status.
+    Elect(elect::ElectArgs),
+    /// Print the current leader of a key's election (value and term); exit 1 if none.
+    Leader(leader::LeaderArgs),
     /// The holder process of `acquire` (internal).
     #[command(name = "__hold", hide = true)]
     Hold(AcquireArgs),
@@ -126,6 +159,8 @@ fn main() -> ExitCode {
             Cmd::Acquire(args) => acquire::acquire(args),
             Cmd::Release(args) => release::release(args).await,
             Cmd::Status(args) => status::status(args).await,
+            Cmd::Elect(args) => elect::elect(args).await,
+            Cmd::Leader(args) => leader::leader(args).await,
             Cmd::Hold(args) => holder::holder(args).await,
             Cmd::Exec(args) => child::exec(args),
         };

@@ -25,6 +25,10 @@ pub(crate) struct ReleaseArgs {
     /// Only the holder of --key from this configuration file.
     #[arg(long, requires = "key")]
     config: Option<PathBuf>,
+    /// Accepted for symmetry with `acquire --permits`: a permit's holder is found by key (and
+    /// backend) like a lock's.
+    #[arg(long, requires = "key", value_parser = clap::value_parser!(u32).range(1..=1024))]
+    permits: Option<u32>,
     /// The state file printed by `acquire` as LEASEHOLD_HANDLE: a `<pid>.state` file of ours
     /// in a private runtime folder of ours; anything else is refused and left alone.
     #[arg(long)]
@@ -126,6 +130,7 @@ fn find_by_key(args: &ReleaseArgs, key: &str) -> Result<PathBuf, u8> {
             key: key.to_owned(),
             url: args.url.clone(),
             config: args.config.clone(),
+            permits: args.permits,
         })
     });
     let found: Vec<(PathBuf, State)> = states(&dir)

@@ -3,15 +3,7 @@
 use leasehold::{FencingKind, HolderInfo, SafetyClass};
 
 use crate::code;
-use crate::lock::{Target, config_of, failure, warn_if_password_in_url};
-
-/// `println!` that does not panic when stdout is a closed pipe (`leasehold status | head -1`).
-macro_rules! out {
-    ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        let _ = writeln!(std::io::stdout(), $($arg)*);
-    }};
-}
+use crate::lock::{Target, build, config_of, failure, warn_if_password_in_url};
 
 #[derive(clap::Args)]
 pub(crate) struct StatusArgs {
@@ -32,10 +24,13 @@ pub(crate) async fn status(args: StatusArgs) -> u8 {
         Ok(c) => c,
         Err(e) => return failure(&e),
     };
-    let locker = match config.build().await {
-        Ok(l) => l,
+    let (locker, sem) = match build(&args.target, &config).await {
+        Ok(built) => built,
         Err(e) => return failure(&e),
     };
+    if let Some(sem) = sem {
+        return permits(&args, &sem).await;
+    }
     let holder = match locker.inspect(args.target.key.as_str()).await {
         Ok(h) => h,
         Err(e) => return failure(&e),
@@ -85,6 +80,55 @@ pub(crate) async fn status(args: StatusArgs) -> u8 {
         );
     }
     if holder.is_some() { 0 } else { code::FREE }
+}
+
+/// `status --permits N`: every holder of a permit (text, or one JSON object with `holders`).
+/// Exit 0 when at least one permit is held, 1 when none is.
+async fn permits(args: &StatusArgs, sem: &leasehold::Semaphore) -> u8 {
+    let key = &args.target.key;
+    let holders = match sem.holders(key.as_str()).await {
+        Ok(h) => h,
+        Err(e) => return failure(&e),
+    };
+    let caps = sem.locker().capabilities();
+    let (backend, limit) = (caps.name, sem.limit().get());
+    let (safety, fencing) = (safety_name(caps.safety), fencing_name(caps.fencing));
+    if args.json {
+        let list: Vec<String> = holders
+            .iter()
+            .map(|h| json(key, backend, safety, fencing, Some(h)))
+            .collect();
+        out!(
+            "{{\"key\":{},\"backend\":{},\"permits\":{limit},\"held\":{},\"holders\":[{}]}}",
+            string(key),
+            string(backend),
+            holders.len(),
+            list.join(",")
+        );
+    } else {
+        out!(
+            "{key:?}: {} of {limit} permits held ({backend}: {safety}, fencing {fencing})",
+            holders.len()
+        );
+        for h in &holders {
+            let owner = h.owner.as_ref().map_or("?", |o| o.as_str());
+            let mut line = format!("owner: {owner}");
+            if let Some(t) = h.fencing {
+                line.push_str(&format!(", fencing token: {t}"));
+            }
+            if let Some(r) = h.remaining {
+                line.push_str(&format!(
+                    ", remaining: {}",
+                    humantime::format_duration(round_ms(r))
+                ));
+            }
+            if let Some(d) = &h.detail {
+                line.push_str(&format!(", {d}"));
+            }
+            out!("{line}");
+        }
+    }
+    if holders.is_empty() { code::FREE } else { 0 }
 }
 
 fn round_ms(d: std::time::Duration) -> std::time::Duration {
@@ -144,7 +188,7 @@ fn json(
 }
 
 /// A JSON string literal.
-fn string(v: &str) -> String {
+pub(crate) fn string(v: &str) -> String {
     let mut s = String::with_capacity(v.len() + 2);
     s.push('"');
     for c in v.chars() {

@@ -39,6 +39,8 @@ type Fault = Box<dyn Fn(&str) + Send + Sync>;
 
 async fn two_runs(rt: &Path, case: &Case, key: &str) {
     let u = case.url.as_str();
+    // The first holds for 8 s: the three runs below must all start while it holds, and on two
+    // loaded cores each start of a debug build (and its connection) has taken over a second.
     let first = Running::start(
         rt,
         &[
@@ -52,7 +54,7 @@ async fn two_runs(rt: &Path, case: &Case, key: &str) {
             "--",
             "sh",
             "-c",
-            "echo \"token=$LEASEHOLD_FENCING_TOKEN\"; sleep 3",
+            "echo \"token=$LEASEHOLD_FENCING_TOKEN\"; sleep 8",
         ],
     )
     .await;
@@ -295,18 +297,6 @@ async fn redis_by_hand_as_the_guide_shows() {
 
 // ----- Redlock -----
 
-fn redlock_url(nodes: &[String]) -> String {
-    let hosts: Vec<String> = nodes
-        .iter()
-        .map(|u| {
-            u.trim_start_matches("redis://")
-                .trim_end_matches('/')
-                .to_owned()
-        })
-        .collect();
-    format!("redlock://{}", hosts.join(","))
-}
-
 #[tokio::test]
 async fn redlock_end_to_end() {
     let nodes = require_service!(Service::Redlock).urls().to_vec();
@@ -537,6 +527,40 @@ async fn etcd_end_to_end() {
         status_token: true,
     };
     scenarios("cli_etcd", case, lose).await;
+}
+
+/// `run --wait` that runs out exits 124 only after deleting its queue key: a waiter key left
+/// behind (on a session lease nobody revokes once the process is gone) would take the lock
+/// when its holder releases and keep it until the lease expires.
+#[tokio::test]
+async fn etcd_a_wait_that_runs_out_leaves_no_waiter_behind() {
+    let etcd = require_service!(Service::Etcd);
+    let endpoint = etcd.url().to_owned();
+    let url = format!("etcd://{endpoint}");
+    let rt = folder("cli_etcd_wait_cleanup");
+    let key = format!("{}/k", unique_prefix("wait-cleanup"));
+    let out = on_key(&rt, "acquire", &key, &url, &[]).await;
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let ex = exports(&out);
+    let out = run_true(&rt, &key, &url, &["--wait", "300ms"]).await;
+    assert_eq!(out.status.code(), Some(124), "{out:?}");
+    let queued = etcdctl(
+        &endpoint,
+        &[
+            "get",
+            "--prefix",
+            &format!("leasehold/{}/", etcd_name(&key)),
+            "--keys-only",
+        ],
+    );
+    assert_eq!(
+        queued.lines().filter(|l| !l.is_empty()).count(),
+        1,
+        "{queued}"
+    );
+    let rel = output(&rt, &["release", "--handle", &ex["LEASEHOLD_HANDLE"]]).await;
+    assert_eq!(rel.status.code(), Some(0), "{rel:?}");
+    let _ = std::fs::remove_dir_all(&rt);
 }
 
 #[tokio::test]

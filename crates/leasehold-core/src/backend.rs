@@ -77,11 +77,11 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
     fn election(self: Arc<Self>, candidate: Candidate) -> Result<Arc<dyn ElectionBackend>, Error>;
 }
 
-/// Implements [`LockBackend::semaphore`] and [`LockBackend::election`] for a backend that gives
-/// neither, refusing both with [`Error::unsupported_primitive`] and the reason given (its
-/// `capabilities()` must then leave both flags off). Use it inside the `impl LockBackend` block.
+/// Implements [`LockBackend::semaphore`] for a backend that gives no semaphores, refusing them
+/// with [`Error::unsupported_primitive`] and the reason given (its `capabilities()` must then
+/// leave [`Capabilities::semaphores`] off). Use it inside the `impl LockBackend` block.
 #[macro_export]
-macro_rules! refuse_primitives {
+macro_rules! refuse_semaphores {
     ($why:expr) => {
         fn semaphore(
             self: ::std::sync::Arc<Self>,
@@ -93,7 +93,15 @@ macro_rules! refuse_primitives {
                 $why,
             ))
         }
+    };
+}
 
+/// Implements [`LockBackend::election`] for a backend that gives no elections, refusing them
+/// with [`Error::unsupported_primitive`] and the reason given (its `capabilities()` must then
+/// leave [`Capabilities::elections`] off). Use it inside the `impl LockBackend` block.
+#[macro_export]
+macro_rules! refuse_elections {
+    ($why:expr) => {
         fn election(
             self: ::std::sync::Arc<Self>,
             _candidate: $crate::Candidate,
@@ -104,6 +112,17 @@ macro_rules! refuse_primitives {
                 $why,
             ))
         }
+    };
+}
+
+/// Implements both [`LockBackend::semaphore`] and [`LockBackend::election`] for a backend that
+/// gives neither ([`refuse_semaphores!`] and [`refuse_elections!`] with one reason): test
+/// backends, wrappers, and the views of primitives themselves.
+#[macro_export]
+macro_rules! refuse_primitives {
+    ($why:expr) => {
+        $crate::refuse_semaphores!($why);
+        $crate::refuse_elections!($why);
     };
 }
 

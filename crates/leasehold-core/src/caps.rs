@@ -216,6 +216,15 @@ impl Capabilities {
         self
     }
 
+    /// Says the backend gives neither semaphores nor elections: what a view of one primitive
+    /// over a backend (a permit view, an election view) or a wrapper that refuses both declares,
+    /// keeping every other capability of the backend it wraps.
+    pub const fn without_primitives(mut self) -> Self {
+        self.semaphores = false;
+        self.elections = false;
+        self
+    }
+
     /// Sets the name (a wrapper that reports under a name of its own).
     pub const fn with_name(mut self, name: &'static str) -> Self {
         self.name = name;

@@ -131,6 +131,7 @@ mod locker;
 mod loss;
 mod memory;
 mod memory_election;
+mod memory_permits;
 pub mod metrics;
 mod policy;
 pub mod redaction;
@@ -141,6 +142,7 @@ mod signal;
 mod token;
 pub mod transport;
 mod validity;
+mod view;
 
 pub use backend::{
     ExtendRequest, Extended, Grant, GrantState, Held, HolderInfo, LockBackend, LockBackendExt,
@@ -160,14 +162,16 @@ pub use lock_election::{LeaderStore, LockElection};
 pub use locker::Locker;
 pub use loss::LossReason;
 pub use memory::MemoryBackend;
+pub use memory_permits::MemoryPermits;
 pub use policy::{Backoff, Drift, LockOptions, MIN_RENEWAL_SLACK, Renewal};
 pub use redaction::{Redacted, redact};
 pub use release::{Horizon, RELEASE_BUDGET, release_in_background, retry_release};
 pub use renewal::{MAX_BATCH, extend_each};
-pub use semaphore::{PermitBackend, PermitLimit};
+pub use semaphore::{PermitBackend, PermitLimit, Semaphore};
 pub use signal::{LeaseMonitor, LostSignal};
 pub use token::{FencingToken, OWNER_BYTES, Owner};
 pub use validity::Validity;
+pub use view::View;
 
 /// Re-exported so backends can implement [`LockBackend`] without depending on it themselves.
 pub use async_trait::async_trait;

@@ -15,13 +15,12 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::time::Instant;
 
-use crate::backend::{ExtendRequest, Grant, Held, HolderInfo, LockBackend, LockRequest, Waited};
-use crate::caps::Capabilities;
+use crate::backend::{Grant, Held, LockBackend, LockRequest, Waited};
 use crate::election::{Candidate, ElectionBackend, Leader, poll_leader};
 use crate::error::{Error, ErrorKind};
 use crate::key::LockKey;
 use crate::token::Owner;
-use crate::validity::Validity;
+use crate::view::View;
 
 /// Where a [`LockElection`] publishes the leader's value, by key.
 #[async_trait]
@@ -97,11 +96,12 @@ impl LockElection {
 }
 
 #[async_trait]
-impl LockBackend for LockElection {
-    crate::refuse_primitives!("an election view gives leaderships only");
+impl View for LockElection {
+    type Grants = dyn LockBackend;
+    const REFUSAL: &'static str = "an election view gives leaderships only";
 
-    fn capabilities(&self) -> Capabilities {
-        self.locks.capabilities()
+    fn grants(&self) -> &dyn LockBackend {
+        &*self.locks
     }
 
     async fn try_lock(&self, req: LockRequest<'_>) -> Result<Option<Grant>, Error> {
@@ -130,21 +130,6 @@ impl LockBackend for LockElection {
         }
         self.locks.release(held).await
     }
-
-    async fn extend(&self, req: ExtendRequest<'_>) -> Result<Option<Validity>, Error> {
-        self.locks.extend(req).await
-    }
-
-    async fn extend_many(
-        &self,
-        reqs: &[ExtendRequest<'_>],
-    ) -> Vec<Result<Option<Validity>, Error>> {
-        self.locks.extend_many(reqs).await
-    }
-
-    async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
-        self.locks.inspect(key).await
-    }
 }
 
 #[async_trait]
@@ -159,25 +144,21 @@ impl ElectionBackend for LockElection {
             let Some(holder) = self.locks.inspect(key).await? else {
                 return Ok(None);
             };
-            let (Some(owner), Some(term)) = (holder.owner, holder.fencing) else {
-                return Err(Error::new(
-                    ErrorKind::Unsupported,
-                    name,
-                    "the election lock does not report its holder and token",
-                ));
-            };
-            match self.store.read(key).await? {
-                Some((published, value)) if published == owner => {
-                    return Ok(Some(Leader::new(value, term)));
-                }
-                // Granted but not published yet (or publishing failed and the grant is going).
-                _ => tokio::time::sleep(UNPUBLISHED_RETRY).await,
+            // Granted but not published yet (or publishing failed and the grant is going), or
+            // a holder caught between taking the lock and writing its owner and token (a
+            // file lock): look again.
+            if let (Some(owner), Some(term)) = (holder.owner, holder.fencing)
+                && let Some((published, value)) = self.store.read(key).await?
+                && published == owner
+            {
+                return Ok(Some(Leader::new(value, term)));
             }
+            tokio::time::sleep(UNPUBLISHED_RETRY).await;
         }
         Err(Error::new(
             ErrorKind::Unavailable,
             name,
-            format!("the leader of {key:?} has not published its value"),
+            format!("the leader of {key:?} has not published its owner, term and value"),
         )
         .with_retryable(true))
     }

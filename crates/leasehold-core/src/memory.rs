@@ -1,19 +1,19 @@
 //! The in-memory backend: exact semantics within one process.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 
 use async_trait::async_trait;
-use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::backend::{ExtendRequest, Grant, Held, HolderInfo, LockBackend, LockRequest, Waited};
+use crate::backend::{
+    ExtendRequest, Extended, Grant, Held, HolderInfo, LockBackend, LockRequest, Waited,
+};
 use crate::caps::{Capabilities, FencingKind, SafetyClass, WaitKind};
+use crate::election::{Candidate, ElectionBackend};
 use crate::error::Error;
 use crate::key::LockKey;
-use crate::token::{FencingToken, Owner};
-use crate::validity::Validity;
+use crate::memory_permits::{MemoryPermits, PermitTable};
+use crate::semaphore::{PermitBackend, PermitLimit};
 
 /// Locks held in this process's memory: the embedded default, and the reference the conformance
 /// suite is checked against.
@@ -34,30 +34,11 @@ pub struct MemoryBackend {
 
 #[derive(Debug, Default)]
 struct State {
-    slots: Mutex<HashMap<LockKey, Slot>>,
-    fence: AtomicU64,
+    /// The locks: permits of limit 1, in a table of their own (their own token counter).
+    locks: Arc<PermitTable>,
+    permits: Arc<PermitTable>,
     /// The locks and values of elections, apart from the locks of the same keys.
     elections: std::sync::OnceLock<crate::memory_election::Elections>,
-}
-
-#[derive(Debug)]
-struct Slot {
-    holder: Option<Holder>,
-    released: Arc<Notify>,
-    waiters: usize,
-}
-
-#[derive(Debug, Clone)]
-struct Holder {
-    owner: Owner,
-    fencing: FencingToken,
-    expires: Instant,
-}
-
-impl Holder {
-    fn live(&self, now: Instant) -> bool {
-        now < self.expires
-    }
 }
 
 const NAME: &str = "memory";
@@ -71,192 +52,65 @@ impl MemoryBackend {
     /// How many keys are held right now (expired grants don't count): the conformance suite's
     /// leak check.
     pub fn held_count(&self) -> usize {
-        let now = Instant::now();
-        self.slots()
-            .values()
-            .filter(|s| s.holder.as_ref().is_some_and(|h| h.live(now)))
-            .count()
+        self.locks().held_count()
     }
 
-    fn slots(&self) -> MutexGuard<'_, HashMap<LockKey, Slot>> {
-        // No code path panics while holding the lock; recover the map if one ever did.
-        self.inner
-            .slots
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// The synchronous core of `try_lock`: grants, or says when the current grant expires.
-    fn take(&self, req: &LockRequest<'_>) -> Result<Grant, Instant> {
-        let now = Instant::now();
-        let mut slots = self.slots();
-        let slot = slots.entry(req.key.clone()).or_insert_with(|| Slot {
-            holder: None,
-            released: Arc::new(Notify::new()),
-            waiters: 0,
-        });
-        if let Some(h) = &slot.holder
-            && h.live(now)
-        {
-            return Err(h.expires);
-        }
-        let fencing = FencingToken::new(self.inner.fence.fetch_add(1, Ordering::Relaxed) + 1);
-        slot.holder = Some(Holder {
-            owner: req.owner.clone(),
-            fencing,
-            expires: now + req.ttl,
-        });
-        Ok(Grant::new(req.ttl_validity()).with_fencing(fencing))
-    }
-
-    /// Removes `key`'s slot if nobody holds or waits on it, so the map doesn't grow forever.
-    fn tidy(slots: &mut HashMap<LockKey, Slot>, key: &LockKey, now: Instant) {
-        if let Some(slot) = slots.get(key)
-            && slot.waiters == 0
-            && slot.holder.as_ref().is_none_or(|h| !h.live(now))
-        {
-            slots.remove(key);
-        }
-    }
-}
-
-/// Keeps a slot alive while a waiter waits on it.
-struct WaiterGuard<'a> {
-    backend: &'a MemoryBackend,
-    key: &'a LockKey,
-}
-
-impl Drop for WaiterGuard<'_> {
-    fn drop(&mut self) {
-        let mut slots = self.backend.slots();
-        if let Some(slot) = slots.get_mut(self.key) {
-            slot.waiters = slot.waiters.saturating_sub(1);
-        }
-        MemoryBackend::tidy(&mut slots, self.key, Instant::now());
+    /// The locks, as the one permit of each key of a table kept for locks.
+    fn locks(&self) -> MemoryPermits {
+        MemoryPermits::new(
+            Arc::clone(&self.inner.locks),
+            PermitLimit::ONE,
+            self.capabilities(),
+        )
     }
 }
 
 #[async_trait]
 impl LockBackend for MemoryBackend {
-    fn semaphore(
-        self: Arc<Self>,
-        _limit: crate::PermitLimit,
-    ) -> Result<Arc<dyn crate::PermitBackend>, Error> {
-        Err(Error::unsupported_primitive(
-            NAME,
-            "semaphores",
-            "not built yet",
-        ))
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::new(NAME, SafetyClass::Process, FencingKind::Monotonic)
+            .with_wait(WaitKind::Native)
+            .with_semaphores()
+            .with_elections()
     }
 
-    fn election(
-        self: Arc<Self>,
-        candidate: crate::Candidate,
-    ) -> Result<Arc<dyn crate::ElectionBackend>, Error> {
+    /// A [`MemoryPermits`] view sharing this backend's permits.
+    fn semaphore(self: Arc<Self>, limit: PermitLimit) -> Result<Arc<dyn PermitBackend>, Error> {
+        let table = Arc::clone(&self.inner.permits);
+        Ok(Arc::new(MemoryPermits::new(
+            table,
+            limit,
+            self.capabilities(),
+        )))
+    }
+
+    fn election(self: Arc<Self>, candidate: Candidate) -> Result<Arc<dyn ElectionBackend>, Error> {
         let elections = self.inner.elections.get_or_init(Default::default);
         Ok(Arc::new(elections.view(candidate)))
     }
 
-    fn capabilities(&self) -> Capabilities {
-        Capabilities::new(NAME, SafetyClass::Process, FencingKind::Monotonic)
-            .with_wait(WaitKind::Native)
-            .with_elections()
-    }
-
     async fn try_lock(&self, req: LockRequest<'_>) -> Result<Option<Grant>, Error> {
-        let grant = self.take(&req).ok();
-        if grant.is_none() {
-            Self::tidy(&mut self.slots(), req.key, Instant::now());
-        }
-        Ok(grant)
+        self.locks().try_lock(req).await
     }
 
     async fn wait_lock(&self, req: LockRequest<'_>, deadline: Instant) -> Result<Waited, Error> {
-        let released = {
-            let mut slots = self.slots();
-            let slot = slots.entry(req.key.clone()).or_insert_with(|| Slot {
-                holder: None,
-                released: Arc::new(Notify::new()),
-                waiters: 0,
-            });
-            slot.waiters += 1;
-            Arc::clone(&slot.released)
-        };
-        let _guard = WaiterGuard {
-            backend: self,
-            key: req.key,
-        };
-        let mut attempts = 0;
-        loop {
-            // Register for the wake-up before looking, so a release in between is not missed.
-            let notified = released.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            attempts += 1;
-            let started = Instant::now();
-            let req = LockRequest::new(req.key, req.owner, req.ttl, started, req.monitor);
-            match self.take(&req) {
-                Ok(grant) => return Ok(Waited::new(Some(grant), attempts)),
-                Err(expires) => {
-                    if Instant::now() >= deadline {
-                        return Ok(Waited::new(None, attempts));
-                    }
-                    tokio::select! {
-                        () = &mut notified => {}
-                        () = tokio::time::sleep_until(expires.min(deadline)) => {}
-                    }
-                }
-            }
-        }
+        self.locks().wait_lock(req, deadline).await
     }
 
     async fn release(&self, held: Held<'_>) -> Result<bool, Error> {
-        let now = Instant::now();
-        let mut slots = self.slots();
-        let Some(slot) = slots.get_mut(held.key) else {
-            return Ok(false);
-        };
-        let ours = slot.holder.as_ref().is_some_and(|h| h.owner == *held.owner);
-        if !ours {
-            return Ok(false);
-        }
-        let live = slot.holder.take().is_some_and(|h| h.live(now));
-        slot.released.notify_waiters();
-        Self::tidy(&mut slots, held.key, now);
-        Ok(live)
+        self.locks().release(held).await
     }
 
-    async fn extend(&self, req: ExtendRequest<'_>) -> Result<Option<Validity>, Error> {
-        let now = Instant::now();
-        let mut slots = self.slots();
-        let holder = slots
-            .get_mut(req.held.key)
-            .and_then(|s| s.holder.as_mut())
-            .filter(|h| h.owner == *req.held.owner && h.live(now));
-        Ok(holder.map(|h| {
-            h.expires = now + req.ttl;
-            req.ttl_validity()
-        }))
+    async fn extend(&self, req: ExtendRequest<'_>) -> Extended {
+        self.locks().extend(req).await
     }
 
-    /// No batch request here: each grant in turn.
-    async fn extend_many(&self, reqs: &[crate::ExtendRequest<'_>]) -> Vec<crate::Extended> {
-        crate::extend_each(self, reqs).await
+    async fn extend_many(&self, reqs: &[ExtendRequest<'_>]) -> Vec<Extended> {
+        self.locks().extend_many(reqs).await
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
-        let now = Instant::now();
-        Ok(self
-            .slots()
-            .get(key)
-            .and_then(|s| s.holder.as_ref())
-            .filter(|h| h.live(now))
-            .map(|h| {
-                HolderInfo::unknown()
-                    .with_owner(h.owner.clone())
-                    .with_fencing(h.fencing)
-                    .with_remaining(h.expires.saturating_duration_since(now))
-            }))
+        self.locks().inspect(key).await
     }
 }
 
@@ -340,7 +194,10 @@ mod tests {
             crate::refuse_primitives!("a test backend");
 
             fn capabilities(&self) -> Capabilities {
-                self.inner.capabilities().with_name("watching")
+                self.inner
+                    .capabilities()
+                    .with_name("watching")
+                    .without_primitives()
             }
             async fn try_lock(&self, req: LockRequest<'_>) -> Result<Option<Grant>, Error> {
                 if let Ok(mut m) = self.monitors.lock() {
@@ -354,7 +211,7 @@ mod tests {
             async fn release(&self, held: Held<'_>) -> Result<bool, Error> {
                 self.inner.release(held).await
             }
-            async fn extend(&self, req: ExtendRequest<'_>) -> Result<Option<Validity>, Error> {
+            async fn extend(&self, req: ExtendRequest<'_>) -> Extended {
                 self.inner.extend(req).await
             }
             /// No batch request here: each grant in turn.
@@ -402,7 +259,7 @@ mod tests {
             tokio::task::yield_now().await;
         }
         assert_eq!(backend.held_count(), 0);
-        assert!(backend.slots().is_empty(), "no slot left behind");
+        assert_eq!(backend.locks().keys(), 0, "no slot left behind");
         Ok(())
     }
 

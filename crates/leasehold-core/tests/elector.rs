@@ -108,16 +108,7 @@ struct FlakyElections {
 
 #[async_trait]
 impl LockBackend for FlakyElections {
-    fn semaphore(
-        self: Arc<Self>,
-        _: leasehold_core::PermitLimit,
-    ) -> Result<Arc<dyn leasehold_core::PermitBackend>, Error> {
-        Err(Error::unsupported_primitive(
-            "flaky",
-            "semaphores",
-            "a test",
-        ))
-    }
+    leasehold_core::refuse_semaphores!("a test");
     fn election(self: Arc<Self>, c: Candidate) -> Result<Arc<dyn ElectionBackend>, Error> {
         let locks: Arc<dyn LockBackend> = Arc::new(self.locks.clone());
         let store: Arc<dyn LeaderStore> = self.store.clone();
@@ -129,7 +120,10 @@ impl LockBackend for FlakyElections {
         )))
     }
     fn capabilities(&self) -> leasehold_core::Capabilities {
-        self.locks.capabilities()
+        self.locks
+            .capabilities()
+            .without_primitives()
+            .with_elections()
     }
     async fn try_lock(
         &self,
@@ -156,7 +150,7 @@ impl LockBackend for FlakyElections {
     async fn extend_many(
         &self,
         r: &[leasehold_core::ExtendRequest<'_>],
-    ) -> Vec<Result<Option<leasehold_core::Validity>, Error>> {
+    ) -> Vec<leasehold_core::Extended> {
         self.locks.extend_many(r).await
     }
     async fn inspect(&self, k: &LockKey) -> Result<Option<leasehold_core::HolderInfo>, Error> {

@@ -44,6 +44,7 @@ impl LockBackend for Unanswered {
             .capabilities()
             .with_name("unanswered")
             .with_wait(WaitKind::Native)
+            .without_primitives()
     }
     async fn try_lock(&self, req: LockRequest<'_>) -> Result<Option<Grant>, Error> {
         self.inner.try_lock(req).await
@@ -57,7 +58,7 @@ impl LockBackend for Unanswered {
     async fn extend(&self, _: ExtendRequest<'_>) -> Result<Option<Validity>, Error> {
         std::future::pending().await
     }
-    async fn extend_many(&self, _: &[ExtendRequest<'_>]) -> Vec<Result<Option<Validity>, Error>> {
+    async fn extend_many(&self, _: &[ExtendRequest<'_>]) -> Vec<leasehold_core::Extended> {
         std::future::pending().await
     }
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {

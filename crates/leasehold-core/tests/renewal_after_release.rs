@@ -41,7 +41,10 @@ impl LockBackend for ResettingExtend {
     leasehold_core::refuse_primitives!("a test backend");
 
     fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities().with_name("resetting-extend")
+        self.inner
+            .capabilities()
+            .with_name("resetting-extend")
+            .without_primitives()
     }
     async fn try_lock(&self, req: LockRequest<'_>) -> Result<Option<Grant>, Error> {
         if self.reset_by_other(req.owner.as_str()) {
@@ -66,10 +69,7 @@ impl LockBackend for ResettingExtend {
     async fn extend(&self, req: ExtendRequest<'_>) -> Result<Option<Validity>, Error> {
         self.inner.extend(req).await
     }
-    async fn extend_many(
-        &self,
-        reqs: &[ExtendRequest<'_>],
-    ) -> Vec<Result<Option<Validity>, Error>> {
+    async fn extend_many(&self, reqs: &[ExtendRequest<'_>]) -> Vec<leasehold_core::Extended> {
         self.entered.notify_one();
         self.gate.notified().await;
         let mut answers = Vec::new();

@@ -25,7 +25,10 @@ impl LockBackend for SlowRelease {
     leasehold_core::refuse_primitives!("a test backend");
 
     fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities().with_name("slow-release")
+        self.inner
+            .capabilities()
+            .with_name("slow-release")
+            .without_primitives()
     }
     async fn try_lock(&self, req: LockRequest<'_>) -> Result<Option<Grant>, Error> {
         self.inner.try_lock(req).await
@@ -43,7 +46,7 @@ impl LockBackend for SlowRelease {
     async fn extend_many(
         &self,
         reqs: &[leasehold_core::ExtendRequest<'_>],
-    ) -> Vec<Result<Option<leasehold_core::Validity>, leasehold_core::Error>> {
+    ) -> Vec<leasehold_core::Extended> {
         leasehold_core::extend_each(self, reqs).await
     }
 

@@ -15,8 +15,8 @@ use tokio::time::Instant;
 use crate::NAME;
 use crate::client::Inner;
 use crate::config::{EtcdConfig, LeaseMode};
-use crate::error::{EtcdError, with_timeout};
-use crate::job::{EtcdGrant, Mode};
+use crate::error::with_timeout;
+use crate::job::Mode;
 use crate::session::MIN_LEASE_TTL;
 
 /// What etcd guarantees and supports: a constant, as
@@ -30,7 +30,8 @@ const CAPABILITIES: Capabilities =
             step: Duration::from_secs(1),
             min: MIN_LEASE_TTL,
         })
-        .with_elections();
+        .with_elections()
+        .with_semaphores();
 
 /// Locks on etcd: consensus-backed, with the lock key's create revision as fencing token.
 ///
@@ -159,32 +160,6 @@ impl EtcdBackend {
         crate::lock_prefix(&self.inner.config.prefix, key)
     }
 
-    /// Deletes whatever key holds the owner value of an acquisition whose outcome the caller
-    /// never saw (its own task also cleans up; both compare on the value).
-    async fn release_by_owner(&self, held: &Held<'_>) -> Result<bool, EtcdError> {
-        let prefix = self.lock_prefix(held.key).into_bytes();
-        let owner = held.owner.as_str();
-        let found = self.inner.find_owner(&prefix, owner).await?;
-        let mut any = false;
-        for kv in found {
-            any |= self.inner.delete_if_owner(kv.key(), owner).await?;
-            if self.inner.config.lease_mode == LeaseMode::PerLock {
-                crate::session::spawn_revoke(self.inner.client.lease_client(), kv.lease());
-            }
-        }
-        Ok(any)
-    }
-
-    /// Whether every key an abandoned acquisition may have left is gone with its lease: in
-    /// session mode, when no session lease of ours lives any more; in per-lock mode always
-    /// (the acquisition's own task revokes its lease, or it expires by its TTL unrenewed).
-    async fn keys_gone(&self) -> bool {
-        match self.inner.config.lease_mode {
-            LeaseMode::PerLock => true,
-            LeaseMode::Session => self.inner.no_live_session().await,
-        }
-    }
-
     async fn lock(&self, req: LockRequest<'_>, mode: Mode) -> Result<Option<Grant>, Error> {
         crate::job::lock_under(
             &self.inner,
@@ -198,15 +173,17 @@ impl EtcdBackend {
 
 #[async_trait]
 impl LockBackend for EtcdBackend {
+    /// A permit view sharing this backend's connection and session leases (the crate docs'
+    /// "Semaphores" section gives its key layout).
     fn semaphore(
         self: Arc<Self>,
-        _limit: leasehold_core::PermitLimit,
+        limit: leasehold_core::PermitLimit,
     ) -> Result<Arc<dyn leasehold_core::PermitBackend>, Error> {
-        Err(Error::unsupported_primitive(
-            NAME,
-            "semaphores",
-            "not built yet",
-        ))
+        Ok(Arc::new(crate::semaphore::EtcdPermits::new(
+            Arc::clone(&self.inner),
+            CAPABILITIES,
+            limit,
+        )))
     }
 
     fn election(
@@ -234,40 +211,11 @@ impl LockBackend for EtcdBackend {
     }
 
     async fn release(&self, held: Held<'_>) -> Result<bool, Error> {
-        match held.state::<EtcdGrant>() {
-            Some(g) => g.release().await,
-            None => match self.release_by_owner(&held).await {
-                Err(_) if self.keys_gone().await => Ok(false),
-                other => other.map_err(|e| e.into_core("release")),
-            },
-        }
+        crate::held::release(&self.inner, self.lock_prefix(held.key), held).await
     }
 
     async fn extend(&self, req: ExtendRequest<'_>) -> Result<Option<Validity>, Error> {
-        let (key, owner, session) = match req.held.state::<EtcdGrant>() {
-            Some(g) => (
-                g.key.clone(),
-                g.owner.as_str(),
-                Some(Arc::clone(&g.session)),
-            ),
-            None => {
-                let prefix = self.lock_prefix(req.held.key).into_bytes();
-                let owner = req.held.owner.as_str();
-                let found = self
-                    .inner
-                    .find_owner(&prefix, owner)
-                    .await
-                    .map_err(|e| e.into_core("extend"))?;
-                let Some(kv) = found.into_iter().next() else {
-                    return Ok(None);
-                };
-                match self.inner.session_by_id(kv.lease()).await {
-                    Some(s) => (kv.key().to_vec(), owner, Some(s)),
-                    None => return Ok(None),
-                }
-            }
-        };
-        crate::job::confirm(&self.inner, key, owner, session, req.ttl).await
+        crate::held::extend(&self.inner, self.lock_prefix(req.held.key), req).await
     }
 
     /// No batch request here: each grant in turn.

@@ -216,6 +216,14 @@ pub(crate) fn first_kv(resp: &TxnResponse, op: usize) -> Option<KeyValue> {
     }
 }
 
+/// Every key a get of a transaction answered (its `op`-th operation).
+pub(crate) fn all_kvs(resp: &TxnResponse, op: usize) -> Vec<KeyValue> {
+    match resp.op_responses().into_iter().nth(op) {
+        Some(TxnOpResponse::Get(g)) => g.kvs().to_vec(),
+        _ => Vec::new(),
+    }
+}
+
 pub(crate) fn revision(resp: &TxnResponse) -> Result<i64, Error> {
     let rev = resp
         .header()

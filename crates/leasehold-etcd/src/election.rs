@@ -44,7 +44,7 @@ impl EtcdElection {
         let value = Owner::from_raw(candidate.as_str());
         Self {
             inner,
-            caps,
+            caps: caps.without_primitives(),
             candidate,
             value,
         }
@@ -144,10 +144,7 @@ impl LockBackend for EtcdElection {
         }
     }
 
-    async fn extend_many(
-        &self,
-        reqs: &[ExtendRequest<'_>],
-    ) -> Vec<Result<Option<Validity>, Error>> {
+    async fn extend_many(&self, reqs: &[ExtendRequest<'_>]) -> Vec<leasehold_core::Extended> {
         leasehold_core::extend_each(self, reqs).await
     }
 

@@ -1,5 +1,7 @@
 //! The etcd part of one acquisition, run in a task of its own, and the grant it makes.
 
+mod permits;
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -18,11 +20,13 @@ use tokio::time::Instant;
 
 use crate::NAME;
 use crate::client::{
-    Inner, LocalSlot, checked_revision, finish, first_created, first_kv, revision, token,
+    Inner, LocalSlot, all_kvs, checked_revision, finish, first_created, first_kv, revision, token,
     waiter_key,
 };
 use crate::config::LeaseMode;
 use crate::session::Session;
+
+pub(crate) use permits::Limit;
 
 /// The queued recipe under `prefix`, writing `req.owner` as our key's value: locks, and (with
 /// the candidate value as owner) election campaigns. In session mode, an in-process slot per
@@ -33,9 +37,23 @@ pub(crate) async fn lock_under(
     req: LockRequest<'_>,
     mode: Mode,
 ) -> Result<Option<Grant>, Error> {
-    let (session, slot) = match inner.config.lease_mode {
-        LeaseMode::PerLock => (None, None),
-        LeaseMode::Session => loop {
+    queue_under(inner, prefix, Queue::One, req, mode).await
+}
+
+/// The queued recipe under `prefix` for `queue`: one holder (locks, elections), or the
+/// `limit` oldest keys (semaphores, whose keys are unique per acquisition and need no
+/// in-process slot).
+pub(crate) async fn queue_under(
+    inner: &Arc<Inner>,
+    prefix: Vec<u8>,
+    queue: Queue,
+    req: LockRequest<'_>,
+    mode: Mode,
+) -> Result<Option<Grant>, Error> {
+    let (session, slot) = match (inner.config.lease_mode, &queue) {
+        (LeaseMode::PerLock, _) => (None, None),
+        (LeaseMode::Session, Queue::Permits(_)) => (Some(inner.session(req.ttl).await?), None),
+        (LeaseMode::Session, Queue::One) => loop {
             let session = inner.session(req.ttl).await?;
             let key = waiter_key(&prefix, session.id());
             let slot = LocalSlot::new(inner, key);
@@ -58,7 +76,7 @@ pub(crate) async fn lock_under(
         },
     };
     let (tx, rx) = oneshot::channel();
-    let job = Job::new(inner, prefix, &req, mode, session, slot);
+    let job = Job::new(inner, prefix, queue, &req, mode, session, slot);
     // The etcd part runs in its own task, so a request that was sent always has its outcome
     // seen: if our caller is gone by then, the task deletes what it created.
     tokio::spawn(job.run(tx));
@@ -100,13 +118,42 @@ pub(crate) async fn first_holder(
     inner: &Inner,
     prefix: String,
 ) -> Result<Option<HolderInfo>, Error> {
+    Ok(holders(inner, prefix, 1).await?.into_iter().next())
+}
+
+/// What etcd says of the `n` oldest keys under `prefix`, oldest first: the holders.
+pub(crate) async fn holders(
+    inner: &Inner,
+    prefix: String,
+    n: u32,
+) -> Result<Vec<HolderInfo>, Error> {
     let resp = inner
-        .get("inspect", prefix.into_bytes(), Some(first_created()))
+        .get("inspect", prefix.into_bytes(), Some(permits::oldest(n)))
         .await
         .map_err(|e| e.into_core("inspect"))?;
-    let Some(holder) = resp.kvs().first() else {
-        return Ok(None);
-    };
+    let mut found = Vec::with_capacity(resp.kvs().len());
+    // Many permits share a session lease: ask for each lease's TTL once.
+    let mut ttls = std::collections::HashMap::new();
+    for holder in resp.kvs() {
+        let remaining = match ttls.get(&holder.lease()) {
+            Some(known) => *known,
+            None => {
+                let left = lease_remaining(inner, holder.lease()).await;
+                ttls.insert(holder.lease(), left);
+                left
+            }
+        };
+        let mut info = holder_info(holder)?;
+        if let Some(remaining) = remaining {
+            info = info.with_remaining(remaining);
+        }
+        found.push(info);
+    }
+    Ok(found)
+}
+
+/// What a holder's key says of it: owner value, token (create revision), key and lease.
+fn holder_info(holder: &KeyValue) -> Result<HolderInfo, Error> {
     let mut info = HolderInfo::unknown()
         .with_fencing(token(holder.create_revision())?)
         .with_detail(format!(
@@ -117,20 +164,22 @@ pub(crate) async fn first_holder(
     if !holder.value().is_empty() {
         info = info.with_owner(Owner::from_raw(String::from_utf8_lossy(holder.value())));
     }
-    if holder.lease() != 0 {
-        let lease = inner.client.lease_client();
-        let id = holder.lease();
-        if let Ok(ttl) = with_timeout(inner.config.request_timeout, "lease ttl", || {
-            let mut lease = lease.clone();
-            async move { lease.time_to_live(id, None).await }
-        })
-        .await
-            && let Ok(remaining) = crate::session::granted_ttl(ttl.ttl())
-        {
-            info = info.with_remaining(remaining);
-        }
+    Ok(info)
+}
+
+/// What is left of lease `id`'s TTL, if etcd says (no lease, 0, has none).
+async fn lease_remaining(inner: &Inner, id: i64) -> Option<Duration> {
+    if id == 0 {
+        return None;
     }
-    Ok(Some(info))
+    let lease = inner.client.lease_client();
+    let ttl = with_timeout(inner.config.request_timeout, "lease ttl", || {
+        let mut lease = lease.clone();
+        async move { lease.time_to_live(id, None).await }
+    })
+    .await
+    .ok()?;
+    crate::session::granted_ttl(ttl.ttl()).ok()
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -139,13 +188,39 @@ pub(crate) enum Mode {
     Wait(Instant),
 }
 
+/// Who holds under a prefix.
+#[derive(Debug, Clone)]
+pub(crate) enum Queue {
+    /// A lock or an election: the oldest key, named by its lease (etcd's recipe).
+    One,
+    /// A semaphore: the `limit` oldest keys, each named by its lease and owner (one session
+    /// lease carries many permits of a key).
+    Permits(Limit),
+}
+
+impl Queue {
+    /// How many of the oldest keys hold.
+    fn holders(&self) -> u32 {
+        match self {
+            Self::One => 1,
+            Self::Permits(l) => l.permits,
+        }
+    }
+}
+
+/// How long an acquisition that was not granted spends deleting its key before it answers;
+/// past that, the key is deleted in the background (or goes with its lease).
+const ANSWER_CLEANUP: Duration = Duration::from_secs(1);
+
 /// The etcd part of one acquisition, run in its own task.
 pub(crate) struct Job {
     inner: Arc<Inner>,
     prefix: Vec<u8>,
+    queue: Queue,
     owner: String,
     ttl: Duration,
-    /// The instant before our caller sent the request: no validity starts later.
+    /// The instant before the request that found our key first in line: our caller's, or
+    /// the last check of a wait. No validity starts later.
     started: Instant,
     monitor: LeaseMonitor,
     mode: Mode,
@@ -164,6 +239,7 @@ impl Job {
     pub(crate) fn new(
         inner: &Arc<Inner>,
         prefix: Vec<u8>,
+        queue: Queue,
         req: &LockRequest<'_>,
         mode: Mode,
         session: Option<Arc<Session>>,
@@ -172,6 +248,7 @@ impl Job {
         Self {
             inner: Arc::clone(inner),
             prefix,
+            queue,
             owner: req.owner.as_str().to_owned(),
             ttl: req.ttl,
             started: req.started,
@@ -188,10 +265,13 @@ impl Job {
         let per_lock = self.inner.config.lease_mode == LeaseMode::PerLock;
         match (outcome, self.session.take()) {
             (Ok(Some(rev)), Some(session)) => {
-                let key = waiter_key(&self.prefix, session.id());
+                let key = self.key_of(session.id());
                 let v = session.validity(self.ttl);
                 // A per-lock lease was granted after our caller's request started; count
-                // from the earlier instant, as the contract asks.
+                // from the earlier instant, as the contract asks. After a wait, from the last
+                // check (our key lived on its lease, renewed, meanwhile): counting from the
+                // start of a wait longer than the TTL would make a grant born expired, given
+                // back and queued again, behind later waiters, with a term nobody led under.
                 let validity = Validity::new(v.from.min(self.started), v.ttl);
                 session.watch(self.monitor.clone(), self.ttl);
                 let state = EtcdGrant {
@@ -209,12 +289,28 @@ impl Job {
                 drop(tx.send(Ok(Some(grant))));
             }
             (outcome, session) => {
+                // Not granted (the wait ran out, or failed) while our caller still waits for
+                // the answer: delete our key first, once and briefly, so that a caller that
+                // exits at once (the CLI after `--wait` ran out) leaves no waiter behind to
+                // take the lock when its holder releases and keep it until its lease expires.
+                let mut deleted = false;
+                if let Some(session) = &session
+                    && self.created
+                    && !tx.is_closed()
+                {
+                    let key = self.key_of(session.id());
+                    let delete = self.inner.delete_if_owner(&key, &self.owner);
+                    deleted = matches!(
+                        tokio::time::timeout(ANSWER_CLEANUP, delete).await,
+                        Ok(Ok(_))
+                    );
+                }
                 drop(tx.send(outcome.map(|_| None)));
                 if let Some(session) = session {
                     if per_lock {
                         session.close();
-                    } else if self.created {
-                        let key = waiter_key(&self.prefix, session.id());
+                    } else if self.created && !deleted {
+                        let key = self.key_of(session.id());
                         finish(&self.inner, &key, &self.owner, &session).await;
                     }
                 }
@@ -233,19 +329,35 @@ impl Job {
             return Ok(None);
         }
         let session = self.lease().await?;
-        let key = waiter_key(&self.prefix, session.id());
+        let key = self.key_of(session.id());
         let put = TxnOp::put(
             key.clone(),
             self.owner.clone(),
             Some(PutOptions::new().with_lease(session.id())),
         );
-        match self.mode {
-            Mode::Try => self.try_create(tx, &key, put).await,
-            Mode::Wait(deadline) => match self.enqueue(tx, &key, put).await? {
-                None => Ok(None),
-                Some((rev, true)) => Ok(Some(rev)),
-                Some((my_rev, false)) => self.wait_turn(tx, &session, &key, my_rev, deadline).await,
-            },
+        let queue = self.queue.clone();
+        let deadline = match (self.mode, &queue) {
+            (Mode::Try, Queue::One) => return self.try_create(tx, &key, put).await,
+            (Mode::Try, Queue::Permits(l)) => return self.try_permit(tx, &key, put, l).await,
+            (Mode::Wait(deadline), _) => deadline,
+        };
+        let queued = match &queue {
+            Queue::One => self.enqueue(tx, &key, put).await?,
+            Queue::Permits(l) => self.enqueue_permit(tx, &key, put, l).await?,
+        };
+        match queued {
+            None => Ok(None),
+            Some((rev, true)) => Ok(Some(rev)),
+            Some((my_rev, false)) => self.wait_turn(tx, &session, &key, my_rev, deadline).await,
+        }
+    }
+
+    /// Our key on lease `lease`: the lease in hex (etcd's recipe), and for a permit also our
+    /// owner value, since one lease carries many permits of a key.
+    fn key_of(&self, lease: i64) -> Vec<u8> {
+        match self.queue {
+            Queue::One => waiter_key(&self.prefix, lease),
+            Queue::Permits(_) => permits::permit_key(&self.prefix, lease, &self.owner),
         }
     }
 
@@ -352,19 +464,23 @@ impl Job {
         }
     }
 
-    /// Waits until our key (created at `my_rev`) is the oldest under the lock prefix: watches
-    /// the deletion of our predecessor, again and again. `Ok(None)` at the deadline or when
-    /// our caller is gone.
+    /// Waits until fewer keys than the queue has holders were created before ours (at
+    /// `my_rev`) under the prefix — for a lock, until ours is the oldest: watches the deletion
+    /// of the nearest of them (our predecessor for a lock; the `limit` nearest for a
+    /// semaphore, since a release by any of them may make room), again and again. `Ok(None)`
+    /// at the deadline or when our caller is gone.
     async fn wait_turn(
-        &self,
+        &mut self,
         tx: &mut Answer,
         session: &Session,
         key: &[u8],
         my_rev: i64,
         deadline: Instant,
     ) -> Result<Option<i64>, Error> {
+        let holders = self.queue.holders();
         loop {
-            // Our predecessor: the newest key created before ours. Also check our own key is
+            self.started = Instant::now();
+            // Our predecessors: the newest keys created before ours. Also check our own key is
             // still there (a lost session deletes it, and then there is nothing to wait for).
             let txn = Txn::new().and_then([
                 TxnOp::get(
@@ -374,7 +490,7 @@ impl Job {
                             .with_prefix()
                             .with_max_create_revision(my_rev.saturating_sub(1))
                             .with_sort(SortTarget::Create, SortOrder::Descend)
-                            .with_limit(1),
+                            .with_limit(i64::from(holders)),
                     ),
                 ),
                 TxnOp::get(key.to_vec(), None),
@@ -392,12 +508,14 @@ impl Job {
                     "our waiter key vanished while we waited (the session lease was lost)",
                 ));
             }
-            let Some(pred) = first_kv(&resp, 0) else {
+            let ahead = all_kvs(&resp, 0);
+            if ahead.len() < holders as usize {
                 return Ok(Some(my_rev));
-            };
+            }
+            let ahead = ahead.iter().map(|kv| kv.key().to_vec()).collect();
             let from = checked_revision(resp.header().map_or(0, |h| h.revision()))? + 1;
             tokio::select! {
-                r = self.deleted(pred.key().to_vec(), from) => {
+                r = self.deleted(ahead, from) => {
                     if let Err(e) = r {
                         tracing::debug!(error = %e, "leasehold.etcd: watch failed; checking again");
                         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -411,13 +529,21 @@ impl Job {
         }
     }
 
-    /// Returns once `key` is deleted (watched from revision `from` on), or the watch ends.
-    async fn deleted(&self, key: Vec<u8>, from: i64) -> Result<(), etcd_client::Error> {
+    /// Returns once one of `keys` is deleted (watched from revision `from` on, all over one
+    /// watch stream), or the watch ends.
+    async fn deleted(&self, keys: Vec<Vec<u8>>, from: i64) -> Result<(), etcd_client::Error> {
         let mut watch = self.inner.client.watch_client();
         let opts = WatchOptions::new()
             .with_start_revision(from)
             .with_filters([WatchFilterType::NoPut]);
-        let mut stream = watch.watch(key, Some(opts)).await?;
+        let mut keys = keys.into_iter();
+        let Some(first) = keys.next() else {
+            return Ok(());
+        };
+        let mut stream = watch.watch(first, Some(opts.clone())).await?;
+        for key in keys {
+            stream.watch(key, Some(opts.clone())).await?;
+        }
         while let Some(resp) = stream.message().await? {
             if resp.canceled()
                 || resp

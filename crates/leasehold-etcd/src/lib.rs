@@ -86,6 +86,38 @@
 //! `try_acquire` creates its key only if the range is empty (a transaction comparing the range's
 //! create revision to 0), so it never queues: a lock with waiters counts as held.
 //!
+//! # Semaphores
+//!
+//! [`LockBackend::semaphore`](leasehold_core::LockBackend::semaphore) gives a permit view
+//! (`Semaphore::new(backend, n)`): at most `n` holders of a key, each permit a lease with the
+//! guarantees above (consensus, session renewal and loss, crash release by the lease TTL, the
+//! same cancellation and drop behaviour). Semaphore `K` is the range
+//! [`semaphore_prefix`] `"{P}%sem/{K}/"` (`K` escaped as for locks). Each permit request puts
+//! one key `"{P}%sem/{K}/{lease}_{owner}"` on its lease, valued with its owner; the `n` keys
+//! with the **lowest create revisions** hold the permits, and a permit's fencing token is its
+//! key's create revision (unique, and increasing in the order permits are granted: later keys
+//! queue behind earlier ones). `try_acquire` creates its key only while fewer than `n` keys
+//! exist (a transaction that fails if any key was created under the range since it counted;
+//! it counts again, and answers "all taken" if that keeps happening four times), so it never
+//! queues.
+//! A waiter watches the deletion of the `n` keys created just before its own (over one watch
+//! stream): it holds once fewer than `n` older keys remain, which only a deletion among those
+//! can bring about, so a release wakes at most `n` waiters, not the whole queue, and waiters
+//! are served in the order they queued.
+//!
+//! The limit is stored in [`semaphore_limit_key`] `"{P}%sem/{K}"`, without a lease (it is in
+//! no range of any primitive). The first client to find the range empty writes its `n` there in
+//! the transaction that creates its key; every other client joins only if the stored value is
+//! its own `n`, and is refused with [`ErrorKind::InvalidConfig`] naming both limits otherwise.
+//! Once every permit is released or gone with its lease and nobody waits, the next client may
+//! set another limit. The limit key stays behind (one small key per semaphore name); `etcdctl
+//! del` removes it while nobody uses the semaphore. By hand:
+//!
+//! ```text
+//! etcdctl get --prefix 'leasehold/%sem/jobs/' --sort-by=CREATE --order=ASCEND --limit=N  # the holders
+//! etcdctl get 'leasehold/%sem/jobs' --print-value-only                                 # the limit
+//! ```
+//!
 //! # Sessions and in-process exclusion
 //!
 //! In [`LeaseMode::Session`] one lease per distinct TTL (in whole seconds, at least 2 s)
@@ -96,7 +128,8 @@
 //! is revoked when another TTL needs one. etcd counts keys on the same lease as the
 //! same owner (`etcdctl lock` would re-enter), so the backend adds in-process exclusion: one
 //! local permit per waiter key, taken before touching etcd and given back only after our key is
-//! deleted. In [`LeaseMode::PerLock`] every acquisition has a lease of its own (its TTL is the
+//! deleted (a semaphore's keys carry their owner value, so its permits share a session lease
+//! without it). In [`LeaseMode::PerLock`] every acquisition has a lease of its own (its TTL is the
 //! request's, rounded up to whole seconds), revoked on release: independent expiry, two more
 //! writes per lock (grant and revoke).
 //!
@@ -136,6 +169,7 @@
 //! `etcds://`.
 //!
 //! [`SafetyClass::Correctness`]: leasehold_core::SafetyClass::Correctness
+//! [`ErrorKind::InvalidConfig`]: leasehold_core::ErrorKind::InvalidConfig
 //! [`FencingKind::Monotonic`]: leasehold_core::FencingKind::Monotonic
 //! [`RenewalKind::Session`]: leasehold_core::RenewalKind::Session
 //! [`WaitKind::Native`]: leasehold_core::WaitKind::Native
@@ -145,15 +179,17 @@ mod client;
 mod config;
 mod election;
 mod error;
+mod held;
 mod job;
 mod names;
+mod semaphore;
 mod session;
 
 pub use backend::EtcdBackend;
 #[cfg(feature = "tls")]
 pub use config::TlsConfig;
 pub use config::{DEFAULT_PREFIX, EtcdConfig, LeaseMode, SCHEMES};
-pub use names::{election_name, lock_prefix, semaphore_prefix};
+pub use names::{election_name, lock_prefix, semaphore_limit_key, semaphore_prefix};
 
 use leasehold_core::Error;
 use leasehold_core::driver::{Driver, Opening, Target, connecting};

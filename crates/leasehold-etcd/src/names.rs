@@ -32,6 +32,12 @@ pub fn semaphore_prefix(prefix: &str, key: &LockKey) -> String {
     format!("{prefix}%sem/{}/", escape(key))
 }
 
+/// The etcd key of semaphore `key`'s stored limit: `"{prefix}%sem/{escaped key}"` (its range
+/// without the final `/`, so inside no range of any primitive).
+pub fn semaphore_limit_key(prefix: &str, key: &LockKey) -> String {
+    format!("{prefix}%sem/{}", escape(key))
+}
+
 /// The etcd election name of election `key` (its candidates live under the name and a `/`, as
 /// etcd's election recipe and `etcdctl elect` lay them out): `"{prefix}%elect/{escaped key}"`.
 pub fn election_name(prefix: &str, key: &LockKey) -> String {
@@ -55,6 +61,7 @@ mod tests {
         assert_eq!(lock_prefix("leasehold/", &key("a/b")), "leasehold/a%2Fb/");
         assert_eq!(lock_prefix("p/", &key("50%/x")), "p/50%25%2Fx/");
         assert_eq!(semaphore_prefix("p/", &key("a/b")), "p/%sem/a%2Fb/");
+        assert_eq!(semaphore_limit_key("p/", &key("a/b")), "p/%sem/a%2Fb");
         assert_eq!(election_name("p/", &key("a/b")), "p/%elect/a%2Fb");
     }
 
@@ -72,6 +79,13 @@ mod tests {
         for (i, a) in ranges.iter().enumerate() {
             for (j, b) in ranges.iter().enumerate() {
                 assert!(i == j || !b.starts_with(a.as_str()), "{a:?} contains {b:?}");
+            }
+        }
+        // Each semaphore's limit key lies in no range at all (its own included).
+        for k in keys.iter().map(|k| key(k)) {
+            let limit = semaphore_limit_key("p/", &k);
+            for r in &ranges {
+                assert!(!limit.starts_with(r.as_str()), "{r:?} contains {limit:?}");
             }
         }
     }

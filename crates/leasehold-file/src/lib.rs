@@ -113,7 +113,10 @@
 
 mod election;
 mod folder;
+mod permits;
 mod prune;
+
+pub use permits::FilePermits;
 
 use std::fs::{self, File, TryLockError};
 use std::io::{self, Seek, Write};
@@ -126,9 +129,10 @@ use std::time::Duration;
 use leasehold_core::async_trait;
 use leasehold_core::driver::{Driver, Opening, Target, connecting};
 use leasehold_core::{
-    Capabilities, DEFAULT_MAX_TTL, Error, ErrorKind, ExtendRequest, FencingKind, FencingToken,
-    Grant, Held, HolderInfo, LeaseMonitor, LockBackend, LockKey, LockRequest, Owner, RenewalKind,
-    SafetyClass, Validity, WaitKind, Waited, redact,
+    Candidate, Capabilities, DEFAULT_MAX_TTL, ElectionBackend, Error, ErrorKind, ExtendRequest,
+    FencingKind, FencingToken, Grant, Held, HolderInfo, LeaseMonitor, LockBackend, LockKey,
+    LockRequest, Owner, PermitBackend, PermitLimit, RenewalKind, SafetyClass, Validity, WaitKind,
+    Waited, redact,
 };
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use sha2::{Digest, Sha256};
@@ -292,6 +296,9 @@ struct Inner {
     held: AtomicUsize,
 }
 
+/// A file just locked: the file, its identity, the token, its path and its count.
+type Taken = (File, (u64, u64), u64, PathBuf, Count);
+
 /// The grant's state: the locked file (closing it releases the lock) and its identity.
 struct Locked {
     file: Mutex<Option<File>>,
@@ -394,6 +401,21 @@ impl FileBackend {
         self.inner.held.load(Ordering::SeqCst)
     }
 
+    /// The grant of a locked file (a lock's or a permit slot's), under watch.
+    fn grant(&self, req: &LockRequest<'_>, taken: Taken) -> Grant {
+        let (file, identity, token, path, count) = taken;
+        let locked = Arc::new(Locked {
+            file: Mutex::new(Some(file)),
+            path,
+            identity,
+            _count: count,
+        });
+        self.watch(&locked, req.monitor, req.ttl);
+        Grant::new(req.ttl_validity())
+            .with_fencing(FencingToken::new(token))
+            .with_state(locked)
+    }
+
     /// Watches a held grant until its lease is over: fires the lost signal if the lock file is
     /// deleted or replaced, and reports validity after each good check.
     fn watch(&self, locked: &Arc<Locked>, monitor: &LeaseMonitor, ttl: Duration) {
@@ -490,8 +512,12 @@ fn take(lock: &Path, sharing: Sharing) -> io::Result<Option<(File, (u64, u64))>>
 
 /// Next fencing token: read, increment, write back and fsync, under the lock.
 fn next_token(fence: &Path, sharing: Sharing) -> io::Result<u64> {
-    let mut f = folder::open_rw(fence, sharing)?;
-    let text = folder::read_bounded(&mut f)?;
+    bump(&mut folder::open_rw(fence, sharing)?)
+}
+
+/// Reads, increments, writes back and fsyncs the counter in `f`.
+fn bump(f: &mut File) -> io::Result<u64> {
+    let text = folder::read_bounded(f)?;
     let last: u64 = if text.trim().is_empty() {
         0
     } else {
@@ -520,22 +546,8 @@ fn write_owner(file: &mut File, owner: &Owner) -> io::Result<()> {
 
 #[async_trait]
 impl LockBackend for FileBackend {
-    fn semaphore(
-        self: Arc<Self>,
-        _limit: leasehold_core::PermitLimit,
-    ) -> Result<Arc<dyn leasehold_core::PermitBackend>, Error> {
-        Err(Error::unsupported_primitive(
-            NAME,
-            "semaphores",
-            "not built yet",
-        ))
-    }
-
     /// A view over a backend of the `elections` subfolder (see the `election` module).
-    fn election(
-        self: Arc<Self>,
-        candidate: leasehold_core::Candidate,
-    ) -> Result<Arc<dyn leasehold_core::ElectionBackend>, Error> {
+    fn election(self: Arc<Self>, candidate: Candidate) -> Result<Arc<dyn ElectionBackend>, Error> {
         let mut config = self.inner.config.clone();
         config.dir = config.dir.join(election::SUBFOLDER);
         let sharing = config.sharing;
@@ -557,7 +569,13 @@ impl LockBackend for FileBackend {
             .with_wait(WaitKind::Poll)
             .with_renewal(RenewalKind::Session)
             .with_ttl_range(self.inner.config.check_interval * 2, DEFAULT_MAX_TTL)
+            .with_semaphores()
             .with_crash_release(leasehold_core::CrashRelease::ProcessExit)
+    }
+
+    /// A [`FilePermits`] view over this backend's folder.
+    fn semaphore(self: Arc<Self>, limit: PermitLimit) -> Result<Arc<dyn PermitBackend>, Error> {
+        Ok(Arc::new(FilePermits::new((*self).clone(), limit)))
     }
 
     async fn try_lock(&self, req: LockRequest<'_>) -> Result<Option<Grant>, Error> {
@@ -584,21 +602,7 @@ impl LockBackend for FileBackend {
         let taken = work.await.map_err(|e| {
             Error::new(ErrorKind::Backend, NAME, format!("lock task failed: {e}"))
         })??;
-        let Some((file, identity, token, path, count)) = taken else {
-            return Ok(None);
-        };
-        let locked = Arc::new(Locked {
-            file: Mutex::new(Some(file)),
-            path,
-            identity,
-            _count: count,
-        });
-        self.watch(&locked, req.monitor, req.ttl);
-        Ok(Some(
-            Grant::new(req.ttl_validity())
-                .with_fencing(FencingToken::new(token))
-                .with_state(locked),
-        ))
+        Ok(taken.map(|t| self.grant(&req, t)))
     }
 
     async fn wait_lock(&self, _req: LockRequest<'_>, _deadline: Instant) -> Result<Waited, Error> {

@@ -1,4 +1,5 @@
-//! The backend: acquisitions on the pooled sessions, their grants and the trait.
+//! The backend: acquisitions on the pooled sessions and their grants (its `LockBackend`
+//! implementation is in `lock_impl`).
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -6,22 +7,20 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use leasehold_core::{
-    Backoff, Capabilities, DEFAULT_MAX_TTL, Error, ErrorKind, ExtendRequest, FencingKind,
-    FencingToken, Grant, Held, HolderInfo, LeaseMonitor, LockBackend, LockKey, LockRequest,
-    RenewalKind, SafetyClass, Validity, WaitKind, Waited, async_trait,
+    Backoff, Error, ErrorKind, FencingToken, Grant, LeaseMonitor, LockKey, LockRequest, Validity,
+    Waited,
 };
 use tokio::time::Instant;
 
 use crate::NAME;
 use crate::config::PostgresConfig;
-use crate::election::{Advisory, PgElection};
 use crate::error::{is_lock_timeout, pg_error};
 use crate::gate::{Gate, Gates};
 use crate::grant::{GrantInner, OnSession, PgGrant, Unlocking};
 use crate::key::{AdvisoryId, advisory_key, explicit_key};
 use crate::pool::{Lent, Pool};
 use crate::session::Canceller;
-use crate::watch::{CONNECTION_ENDED, Watched, lock};
+use crate::watch::{CONNECTION_ENDED, Watched};
 
 /// How far past the caller's deadline a native wait may run (the server's `lock_timeout` ends
 /// it first) before the session counts as unresponsive and is closed.
@@ -41,12 +40,12 @@ const POLL: Backoff = Backoff {
 /// cancellation. Cheap to clone: clones share the session pool and the in-process gate.
 #[derive(Clone)]
 pub struct PostgresBackend {
-    shared: Arc<Shared>,
+    pub(crate) shared: Arc<Shared>,
 }
 
-struct Shared {
-    pool: Arc<Pool>,
-    gates: Arc<Gates>,
+pub(crate) struct Shared {
+    pub(crate) pool: Arc<Pool>,
+    pub(crate) gates: Arc<Gates>,
     /// Names the grants in their sessions' health checks.
     next_grant: AtomicU64,
     /// Advisory-lock ids of recently used keys (see [`PostgresBackend::lock_id`]).
@@ -68,7 +67,7 @@ impl Shared {
         self.ids.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn window(&self) -> Duration {
+    pub(crate) fn window(&self) -> Duration {
         self.pool.cfg.validity_window()
     }
 }
@@ -405,140 +404,8 @@ impl Drop for CancelOnDrop {
     }
 }
 
-fn internal(msg: &str) -> Error {
+pub(crate) fn internal(msg: &str) -> Error {
     Error::new(ErrorKind::Backend, NAME, msg)
-}
-
-#[async_trait]
-impl LockBackend for PostgresBackend {
-    fn semaphore(
-        self: Arc<Self>,
-        _limit: leasehold_core::PermitLimit,
-    ) -> Result<Arc<dyn leasehold_core::PermitBackend>, Error> {
-        Err(Error::unsupported_primitive(
-            NAME,
-            "semaphores",
-            "not built yet",
-        ))
-    }
-
-    fn election(
-        self: Arc<Self>,
-        candidate: leasehold_core::Candidate,
-    ) -> Result<Arc<dyn leasehold_core::ElectionBackend>, Error> {
-        Ok(Arc::new(PgElection::new((*self).clone(), candidate)))
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        Capabilities::new(NAME, SafetyClass::Correctness, FencingKind::Monotonic)
-            .with_elections()
-            .with_wait(WaitKind::Native)
-            .with_renewal(RenewalKind::Session)
-            .with_ttl_range(
-                self.shared.window(),
-                DEFAULT_MAX_TTL.max(self.shared.window()),
-            )
-            .with_crash_release(leasehold_core::CrashRelease::ProcessExit)
-    }
-
-    async fn try_lock(&self, req: LockRequest<'_>) -> Result<Option<Grant>, Error> {
-        self.try_at(AdvisoryId::Big(self.lock_id(req.key)), req)
-            .await
-    }
-
-    async fn wait_lock(&self, req: LockRequest<'_>, deadline: Instant) -> Result<Waited, Error> {
-        self.wait_at(AdvisoryId::Big(self.lock_id(req.key)), req, deadline)
-            .await
-    }
-
-    async fn release(&self, held: Held<'_>) -> Result<bool, Error> {
-        // No state: an acquisition whose outcome the Locker never saw. Our own guards already
-        // unlocked or closed its session (see `Unlocking` and `CancelOnDrop`).
-        let Some(PgGrant(inner)) = held.state::<PgGrant>() else {
-            return Ok(false);
-        };
-        inner.release().await
-    }
-
-    async fn extend(&self, req: ExtendRequest<'_>) -> Result<Option<Validity>, Error> {
-        let Some(PgGrant(inner)) = req.held.state::<PgGrant>() else {
-            return Ok(None);
-        };
-        let Some(probe) = lock(&inner.held).as_ref().map(|on| on.session.probe()) else {
-            return Ok(None);
-        };
-        if probe.is_closed() {
-            return Ok(None);
-        }
-        let timeout = self.shared.pool.cfg.health_timeout;
-        match tokio::time::timeout(timeout, probe.ping()).await {
-            Ok(Ok(())) => Ok(Some(Validity::new(req.started, self.shared.window()))),
-            Ok(Err(e)) if e.is_closed() => Ok(None),
-            Ok(Err(e)) => Err(pg_error("health check", e)),
-            Err(_) => Err(Error::new(
-                ErrorKind::Unavailable,
-                NAME,
-                "health check timed out",
-            )),
-        }
-    }
-
-    /// No batch request here: each grant in turn.
-    async fn extend_many(
-        &self,
-        reqs: &[leasehold_core::ExtendRequest<'_>],
-    ) -> Vec<leasehold_core::Extended> {
-        leasehold_core::extend_each(self, reqs).await
-    }
-
-    async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
-        self.holder_at(AdvisoryId::Big(self.lock_id(key))).await
-    }
-}
-
-impl PostgresBackend {
-    /// What `pg_locks` says of the holder of advisory key `id`.
-    pub(crate) async fn holder_at(&self, id: AdvisoryId) -> Result<Option<HolderInfo>, Error> {
-        let lent = self.shared.pool.shared(None).await?;
-        let pid = lent
-            .session
-            .holder_pid(id)
-            .await
-            .map_err(|e| pg_error("pg_locks", e))?;
-        drop(lent);
-        Ok(pid.map(|pid| {
-            HolderInfo::unknown()
-                .with_detail(format!("advisory lock {id} held by backend pid {pid}"))
-        }))
-    }
-}
-
-#[async_trait]
-impl Advisory for PostgresBackend {
-    fn name(&self, key: &LockKey) -> String {
-        format!("{}{}", self.shared.pool.cfg.prefix, key.as_str())
-    }
-
-    async fn try_at(&self, id: AdvisoryId, req: LockRequest<'_>) -> Result<Option<Grant>, Error> {
-        PostgresBackend::try_at(self, id, req).await
-    }
-
-    async fn wait_at(
-        &self,
-        id: AdvisoryId,
-        req: LockRequest<'_>,
-        deadline: Instant,
-    ) -> Result<Waited, Error> {
-        PostgresBackend::wait_at(self, id, req, deadline).await
-    }
-
-    async fn holder_at(&self, id: AdvisoryId) -> Result<Option<HolderInfo>, Error> {
-        PostgresBackend::holder_at(self, id).await
-    }
-
-    fn pool(&self) -> &Arc<Pool> {
-        &self.shared.pool
-    }
 }
 
 #[cfg(test)]

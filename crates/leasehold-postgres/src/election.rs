@@ -3,9 +3,10 @@
 //!
 //! - **Lock**: `pg_try_advisory_lock(ELECTION_SPACE, k)` / `pg_advisory_lock(…)` on the
 //!   driver's shared sessions, exactly as a lock is taken (same gate, health check and
-//!   release), where [`ELECTION_SPACE`] is the fixed first `int4` of every election and `k`
-//!   the low 32 bits of [`advisory_key`]`(prefix + key)`. The two-`int4` space never overlaps
-//!   the `bigint` one locks use; other primitives in that space use another first `int4`.
+//!   release), where [`ELECTION_SPACE`](crate::ELECTION_SPACE) is the fixed first `int4` of every election and `k`
+//!   the low 32 bits of [`advisory_key`](crate::advisory_key)`(prefix + key)`. The two-`int4` space never overlaps
+//!   the `bigint` one locks use; semaphores in that space never take `ELECTION_SPACE` as first
+//!   `int4` (see [`semaphore_key`](crate::semaphore_key)).
 //!   Two election keys whose `k` coincide (1 in 2³² per pair) share one leader.
 //! - **Term**: the fencing token of the grant, from the same sequence as lock tokens.
 //! - **Value**: the row `(key, value, term, pid)` of table `leasehold_leaders` (created on
@@ -19,8 +20,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold_core::{
-    Candidate, Capabilities, ElectionBackend, Error, ExtendRequest, Grant, Held, HolderInfo,
-    Leader, LockBackend, LockKey, LockRequest, Validity, Waited, async_trait, poll_leader,
+    Candidate, ElectionBackend, Error, Grant, Held, HolderInfo, Leader, LockBackend, LockKey,
+    LockRequest, View, Waited, async_trait, poll_leader,
 };
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
@@ -28,13 +29,10 @@ use tokio_postgres::Client;
 
 use crate::error::pg_error;
 use crate::grant::PgGrant;
-use crate::key::{AdvisoryId, advisory_key};
+use crate::key::AdvisoryId;
 use crate::pool::Pool;
 use crate::session::Session;
 use crate::watch::lock;
-
-/// The first `int4` of every election's advisory key: `0x4C48454C`, "LHEL" in ASCII.
-pub const ELECTION_SPACE: i32 = 0x4C48_454C;
 
 /// The table of leaders' values and terms.
 pub const LEADERS_TABLE: &str = "leasehold_leaders";
@@ -94,8 +92,7 @@ impl<B: Advisory> PgElection<B> {
     }
 
     fn id(&self, key: &LockKey) -> AdvisoryId {
-        // The low 32 bits, reinterpreted: any i32 is a valid second key.
-        AdvisoryId::Pair(ELECTION_SPACE, advisory_key(&self.backend.name(key)) as i32)
+        AdvisoryId::election(&self.backend.name(key))
     }
 
     /// Creates the table once (a concurrent creator may race us: then it exists).
@@ -152,11 +149,13 @@ impl<B: Advisory> PgElection<B> {
 }
 
 #[async_trait]
-impl<B: Advisory> LockBackend for PgElection<B> {
-    leasehold_core::refuse_primitives!("an election view gives leaderships only");
+impl<B: Advisory> View for PgElection<B> {
+    type Grants = B;
+    const REFUSAL: &'static str = "an election view gives leaderships only";
 
-    fn capabilities(&self) -> Capabilities {
-        self.backend.capabilities()
+    /// The backend's sessions keep the leaderships: release, renewal and loss as for locks.
+    fn grants(&self) -> &B {
+        &self.backend
     }
 
     async fn try_lock(&self, req: LockRequest<'_>) -> Result<Option<Grant>, Error> {
@@ -181,21 +180,6 @@ impl<B: Advisory> LockBackend for PgElection<B> {
         }
     }
 
-    async fn release(&self, held: Held<'_>) -> Result<bool, Error> {
-        self.backend.release(held).await
-    }
-
-    async fn extend(&self, req: ExtendRequest<'_>) -> Result<Option<Validity>, Error> {
-        self.backend.extend(req).await
-    }
-
-    async fn extend_many(
-        &self,
-        reqs: &[ExtendRequest<'_>],
-    ) -> Vec<Result<Option<Validity>, Error>> {
-        self.backend.extend_many(reqs).await
-    }
-
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
         self.backend.holder_at(self.id(key)).await
     }
@@ -209,11 +193,7 @@ impl<B: Advisory> ElectionBackend for PgElection<B> {
 
     async fn leader(&self, key: &LockKey) -> Result<Option<Leader>, Error> {
         let name = self.backend.name(key);
-        let (_, b) = match self.id(key) {
-            AdvisoryId::Pair(a, b) => (a, b),
-            AdvisoryId::Big(_) => (0, 0),
-        };
-        let (classid, objid) = (ELECTION_SPACE as u32, b as u32);
+        let (classid, objid, _) = self.id(key).pg_locks();
         let lent = self.backend.pool().shared(None).await?;
         let client = lent.session.client();
         self.table(client).await?;

@@ -1,7 +1,6 @@
 //! A grant on a pooled session, and its release: retried with backoff within a bound, then in
 //! the background until the lock is gone or its session is.
 
-use crate::key::AdvisoryId;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -9,6 +8,7 @@ use leasehold_core::{Error, ErrorKind};
 
 use crate::NAME;
 use crate::gate::Gate;
+use crate::key::AdvisoryId;
 use crate::pool::Pool;
 use crate::session::Session;
 use crate::watch::{Abandon, lock};

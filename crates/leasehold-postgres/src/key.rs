@@ -76,8 +76,19 @@ pub fn numeric_key(id: i64) -> LockKey {
     }
 }
 
-/// An advisory-lock key in one of PostgreSQL's two key spaces, which never overlap: a
-/// `bigint` (locks) or a pair of `int4` (elections; `pg_locks` shows it with `objsubid = 2`).
+/// The first `int4` of every election's advisory key: `0x4C48454C`, "LHEL" in ASCII. No
+/// semaphore takes it (see [`semaphore_key`]).
+pub const ELECTION_SPACE: i32 = 0x4C48_454C;
+
+/// An advisory-lock key, for locks, semaphores and elections alike, in one of PostgreSQL's two
+/// key spaces, which never overlap: a `bigint` (`objsubid = 1` in `pg_locks`) or a pair of
+/// `int4` (`objsubid = 2`). Each primitive has its own part:
+///
+/// - a **lock** takes the `bigint` of [`derive_id`](crate::backend::derive_id);
+/// - an **election** takes `(ELECTION_SPACE, k)`, `k` the low 32 bits of [`advisory_key`] of
+///   the prefixed name ([`AdvisoryId::election`]);
+/// - permit `i` of a **semaphore** takes `(s, i)`, `s` = [`semaphore_key`] of the prefixed
+///   name, which is never [`ELECTION_SPACE`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum AdvisoryId {
     /// `pg_advisory_lock(bigint)`.
@@ -87,6 +98,12 @@ pub(crate) enum AdvisoryId {
 }
 
 impl AdvisoryId {
+    /// The advisory lock of the election `name` (prefix and key).
+    pub(crate) fn election(name: &str) -> Self {
+        // The low 32 bits, reinterpreted: any i32 is a valid second key.
+        Self::Pair(ELECTION_SPACE, advisory_key(name) as i32)
+    }
+
     /// `(classid, objid, objsubid)` as `pg_locks` shows the lock.
     pub(crate) fn pg_locks(self) -> (u32, u32, i16) {
         match self {
@@ -116,6 +133,23 @@ pub fn pg_locks_ids(id: i64) -> (u32, u32) {
     ((bits >> 32) as u32, (bits & 0xffff_ffff) as u32)
 }
 
+/// The first `int4` of the advisory keys of `name`'s semaphore slots: the high half of
+/// [`advisory_key`] of `"semaphore:" + name`, except that [`ELECTION_SPACE`] (which belongs to
+/// elections) becomes `ELECTION_SPACE + 1`. Two semaphores whose names share it share their
+/// slots, which can only lower how many holders each admits, never raise it.
+pub fn semaphore_key(name: &str) -> i32 {
+    semaphore_space((advisory_key(&format!("semaphore:{name}")) >> 32) as i32)
+}
+
+/// A semaphore's first `int4` from its hash: anything but [`ELECTION_SPACE`].
+fn semaphore_space(hash: i32) -> i32 {
+    if hash == ELECTION_SPACE {
+        ELECTION_SPACE + 1
+    } else {
+        hash
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -142,6 +176,17 @@ mod tests {
         assert_eq!(k("advisory:x"), None);
         assert_eq!(k("42"), None);
         assert_eq!(numeric_key(-3).as_str(), "advisory:-3");
+    }
+
+    #[test]
+    fn semaphores_never_take_the_election_space() {
+        // The remap itself, on the one hash value that needs it.
+        assert_ne!(semaphore_space(ELECTION_SPACE), ELECTION_SPACE);
+        assert_eq!(semaphore_space(7), 7);
+        assert_eq!(
+            AdvisoryId::election("app/k"),
+            AdvisoryId::Pair(ELECTION_SPACE, advisory_key("app/k") as i32)
+        );
     }
 
     #[test]

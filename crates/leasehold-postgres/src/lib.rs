@@ -233,6 +233,8 @@ mod fence;
 mod gate;
 mod grant;
 mod key;
+mod lock_impl;
+mod permits;
 mod pool;
 mod probe;
 mod session;
@@ -246,9 +248,12 @@ pub use config::{
     DEFAULT_HEALTH_INTERVAL, DEFAULT_HEALTH_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_SESSIONS,
     DEFAULT_PREFIX, PostgresConfig, SCHEMES,
 };
-pub use election::{ELECTION_SPACE, LEADERS_TABLE};
+pub use election::LEADERS_TABLE;
 pub use fence::PostgresFenceStore;
-pub use key::{NUMERIC_KEY_PREFIX, advisory_key, numeric_key, pg_locks_ids};
+pub use key::{
+    ELECTION_SPACE, NUMERIC_KEY_PREFIX, advisory_key, numeric_key, pg_locks_ids, semaphore_key,
+};
+pub use permits::{PostgresPermits, SEMAPHORE_TABLE};
 
 use leasehold_core::Error;
 use leasehold_core::driver::{Driver, Opening, Target, connecting};

@@ -8,7 +8,7 @@ use tokio::sync::{OnceCell, watch};
 use tokio_postgres::config::{Host, SslMode};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::tls::MakeTlsConnect;
-use tokio_postgres::{CancelToken, Client, NoTls, Socket};
+use tokio_postgres::{CancelToken, Client, NoTls, Socket, Statement};
 
 use crate::NAME;
 use crate::config::PostgresConfig;
@@ -24,10 +24,12 @@ use crate::watch::Watcher;
 /// (`standard_conforming_strings`) can change what it names).
 pub(crate) const TRY_LOCK_SQL: &str =
     "SELECT CASE WHEN pg_try_advisory_lock($1::bigint) THEN nextval($2::text::regclass) END";
-/// `try_lock` on a two-key advisory lock (`$1`, `$2`: elections), the sequence named by `$3`
-/// as in [`TRY_LOCK_SQL`]; sent unprepared, as elections are rare.
+/// `try_lock` on a two-key advisory lock (`$1`, `$2`: elections and semaphore permits), the
+/// sequence named by `$3` as in [`TRY_LOCK_SQL`]; prepared on first use.
 pub(crate) const TRY_PAIR_SQL: &str = "SELECT CASE WHEN pg_try_advisory_lock($1::int4, $2::int4) \
      THEN nextval($3::text::regclass) END";
+/// `pg_advisory_unlock` of a two-key advisory lock.
+const UNLOCK_PAIR_SQL: &str = "SELECT pg_advisory_unlock($1::int4, $2::int4)";
 /// `nextval` of the sequence named by `$1` (as in [`TRY_LOCK_SQL`]).
 pub(crate) const NEXTVAL_SQL: &str = "SELECT nextval($1::text::regclass)";
 
@@ -43,6 +45,9 @@ pub(crate) struct Session {
     /// The health-check task of this session (see [`Watcher`]); it stops when the
     /// session is dropped.
     pub(crate) watcher: Option<Watcher>,
+    /// The two-`int4` statements ([`TRY_PAIR_SQL`] and its unlock, for elections and
+    /// semaphores), prepared on first use so that sessions of lock-only users never do.
+    pair: OnceCell<(Statement, Statement)>,
 }
 
 /// Sends a cancel request for a session's running statement, over TLS if the session uses it.
@@ -173,6 +178,7 @@ impl Session {
             closed,
             tls,
             watcher: None,
+            pair: OnceCell::new(),
         })
     }
 
@@ -223,7 +229,10 @@ impl Session {
                     .query_one(&self.stmts.try_lock, &[&id, seq])
                     .await?
             }
-            AdvisoryId::Pair(a, b) => self.client.query_one(TRY_PAIR_SQL, &[&a, &b, seq]).await?,
+            AdvisoryId::Pair(a, b) => {
+                let (try_pair, _) = self.pair().await?;
+                self.client.query_one(try_pair, &[&a, &b, seq]).await?
+            }
         };
         row.try_get::<_, Option<i64>>(0)
     }
@@ -261,11 +270,23 @@ impl Session {
         let row = match id {
             AdvisoryId::Big(id) => self.client.query_one(&self.stmts.unlock, &[&id]).await?,
             AdvisoryId::Pair(a, b) => {
-                let sql = "SELECT pg_advisory_unlock($1::int4, $2::int4)";
-                self.client.query_one(sql, &[&a, &b]).await?
+                let (_, unlock_pair) = self.pair().await?;
+                self.client.query_one(unlock_pair, &[&a, &b]).await?
             }
         };
         row.try_get::<_, bool>(0)
+    }
+
+    /// The two-`int4` statements, prepared on first use.
+    async fn pair(&self) -> Result<&(Statement, Statement), tokio_postgres::Error> {
+        self.pair
+            .get_or_try_init(|| async {
+                tokio::try_join!(
+                    self.client.prepare(TRY_PAIR_SQL),
+                    self.client.prepare(UNLOCK_PAIR_SQL),
+                )
+            })
+            .await
     }
 
     /// Runs `SELECT pid FROM pg_locks …` for the holder of `id` (any session).

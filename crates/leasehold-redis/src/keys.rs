@@ -32,6 +32,13 @@ const FENCE: &str = ":fence";
 const CHANNEL: &str = ":released";
 const QUEUE: &str = ":queue";
 const WAITERS: &str = ":waiters";
+/// Semaphores: the holders (a sorted set), their token counter, their limit, their wake-ups.
+/// No semaphore suffix contains `}`, so no lock name (`<prefix>{<key>}` plus a lock suffix,
+/// whatever braces the key holds) ever equals a semaphore name.
+const PERMITS: &str = ":sem";
+const PERMIT_FENCE: &str = ":sem:fence";
+const PERMIT_LIMIT: &str = ":sem:limit";
+const PERMIT_CHANNEL: &str = ":sem:released";
 const ELECT: &str = ":elect";
 const LEADER: &str = ":leader";
 /// What follows the prefix instead of `{` for a key beginning with `}` (see [`Names`]).
@@ -86,6 +93,26 @@ impl Names {
     /// Fair mode: owner value → server time (ms) until which that waiter counts as alive.
     pub(crate) fn waiters(&self) -> Derived<'_> {
         self.derived(WAITERS)
+    }
+
+    /// Semaphore: owner value → server time (ms) at which that permit expires.
+    pub(crate) fn permits(&self) -> Derived<'_> {
+        self.derived(PERMITS)
+    }
+
+    /// Semaphore: the permit token counter.
+    pub(crate) fn permit_fence(&self) -> Derived<'_> {
+        self.derived(PERMIT_FENCE)
+    }
+
+    /// Semaphore: the limit its holders agreed on (expires with the last permit).
+    pub(crate) fn permit_limit(&self) -> Derived<'_> {
+        self.derived(PERMIT_LIMIT)
+    }
+
+    /// Semaphore: the wake-up channel its release script publishes on.
+    pub(crate) fn permit_channel(&self) -> Derived<'_> {
+        self.derived(PERMIT_CHANNEL)
     }
 
     fn derived(&self, suffix: &'static str) -> Derived<'_> {
@@ -161,6 +188,57 @@ mod tests {
         Ok(())
     }
 
+    /// Every name of a semaphore differs from every name of every lock and election, even of
+    /// those whose keys hold braces and the semaphore suffixes.
+    #[test]
+    fn semaphore_names_never_collide_with_lock_names() -> Result<(), leasehold_core::KeyError> {
+        let n = Names::new("p:", &LockKey::new("a")?);
+        assert_eq!(n.permits().to_string(), "p:{a}:sem");
+        let sem = |n: &Names| {
+            [
+                n.permits(),
+                n.permit_fence(),
+                n.permit_limit(),
+                n.permit_channel(),
+            ]
+            .map(|d| d.to_string())
+        };
+        let lock = |n: &Names| {
+            let mut v = vec![n.lock().to_owned()];
+            v.extend([n.fence(), n.channel(), n.queue(), n.waiters()].map(|d| d.to_string()));
+            v
+        };
+        let others = |k: &str| -> Result<Vec<String>, leasehold_core::KeyError> {
+            let key = LockKey::new(k)?;
+            let (e, mut v) = (Names::election("p:", &key), lock(&Names::new("p:", &key)));
+            v.extend(lock(&e));
+            v.push(e.leader().to_string());
+            Ok(v)
+        };
+        let keys = [
+            "a",
+            "a}",
+            "a}:sem",
+            "a}:sem:fence",
+            "a}:sem}",
+            "a}:elect",
+            "a}:elect:sem",
+            "{a}",
+            "a:sem",
+            "}:sem",
+        ];
+        for k in keys {
+            let kn = Names::new("p:", &LockKey::new(k)?);
+            for j in keys {
+                let names = others(j)?;
+                for s in sem(&kn) {
+                    assert!(!names.contains(&s), "{s} is also a name of lock {j:?}");
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// The hash tag as Redis Cluster reads it: between the first `{` and the first `}` after
     /// it, if not empty; else the whole name.
     fn hash_tag(name: &str) -> &str {
@@ -211,6 +289,17 @@ mod tests {
                 "{key:?}: {} is shared",
                 e.lock()
             );
+            // A semaphore's names too.
+            for derived in [
+                n.permits(),
+                n.permit_fence(),
+                n.permit_limit(),
+                n.permit_channel(),
+            ] {
+                let name = derived.to_string();
+                assert_eq!(hash_tag(&name), tag, "{key:?}: {name} vs {}", n.lock());
+                assert!(seen.insert(name), "{key:?}: a name is shared");
+            }
         }
         assert_eq!(
             Names::new("p:", &LockKey::new("}a").unwrap()).lock(),

@@ -222,8 +222,10 @@ mod redlock;
 mod renew;
 mod replica;
 mod scripts;
+pub mod semaphore;
 mod sentinel;
 mod single;
+mod wake;
 
 use leasehold_core::Error;
 use leasehold_core::driver::{Driver, Opening, Target, connecting, ready};

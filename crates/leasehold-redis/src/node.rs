@@ -368,7 +368,7 @@ impl Node {
     }
 
     /// Runs a script command built by [`evalsha`] on the shared connection.
-    async fn eval<T: FromRedisValue>(
+    pub(crate) async fn eval<T: FromRedisValue>(
         &self,
         script: &Script,
         cmd: &Cmd,
@@ -410,7 +410,7 @@ pub(crate) fn redis_error(backend: &'static str, node: &str, e: &RedisError, op:
 }
 
 /// An `EVALSHA` of `script` with `keys` keys to follow, with room for them and `args` arguments.
-fn evalsha(script: &Script, keys: usize, args: usize) -> Cmd {
+pub(crate) fn evalsha(script: &Script, keys: usize, args: usize) -> Cmd {
     let mut cmd = Cmd::with_capacity(3 + keys + args, 64 + 64 * (keys + args));
     cmd.arg("EVALSHA").arg(script.get_hash()).arg(keys);
     cmd

@@ -505,11 +505,12 @@ impl LockBackend for RedlockBackend {
         // lost (restarted empty, or released meanwhile) is not set again: see `extend`.
         let per_node = self.node_timeout(shortest);
         let prefix = &self.inner.config.prefix;
+        let all: Vec<_> = reqs.iter().map(|r| names(prefix, r.held.key)).collect();
         let answers = join_all(
             self.inner
                 .nodes
                 .iter()
-                .map(|node| extend_on(node, prefix, reqs, false, Some(per_node))),
+                .map(|node| extend_on(node, &all, reqs, false, Some(per_node))),
         )
         .await;
         let mut by_node: Vec<_> = answers.into_iter().map(Vec::into_iter).collect();

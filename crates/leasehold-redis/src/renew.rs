@@ -20,7 +20,7 @@ use leasehold_core::{Error, ErrorKind, ExtendRequest};
 use redis::cluster_routing::Slot;
 
 use crate::keys::Names;
-use crate::node::{Node, names};
+use crate::node::Node;
 
 /// The most keys in one script call.
 ///
@@ -31,15 +31,15 @@ use crate::node::{Node, names};
 pub(crate) const CHUNK: usize = 250;
 
 /// Re-arms every lease of `reqs` on `node` (`reset` is ignored by the script now), each
-/// chunk's call bounded by `bound` if given: one answer per lease, in order.
+/// chunk's call bounded by `bound` if given: one answer per lease, in order. `all` holds the
+/// Redis names of each lease's key, in the same order (a lock's, or an election's).
 pub(crate) async fn extend_on(
     node: &Node,
-    prefix: &str,
+    all: &[Names],
     reqs: &[ExtendRequest<'_>],
     reset: bool,
     bound: Option<Duration>,
 ) -> Vec<Result<bool, Error>> {
-    let all: Vec<Names> = reqs.iter().map(|r| names(prefix, r.held.key)).collect();
     let mut out: Vec<Option<Result<bool, Error>>> = (0..reqs.len()).map(|_| None).collect();
     let by_master = if node.is_cluster() {
         node.slot_masters().await.ok()
@@ -47,20 +47,17 @@ pub(crate) async fn extend_on(
         None
     };
     let (groups, cross_slot) = match &by_master {
-        Some(ranges) => (group_by_master(ranges, &all), true),
-        None if node.is_cluster() => (group_by_slot(&all, 0..all.len()), false),
+        Some(ranges) => (group_by_master(ranges, all), true),
+        None if node.is_cluster() => (group_by_slot(all, 0..all.len()), false),
         None => (vec![(0..all.len()).collect()], false),
     };
-    let call = |idx: Vec<usize>, cross_slot: bool| {
-        let all = &all;
-        async move {
-            let locks: Vec<_> = idx
-                .iter()
-                .map(|&i| (&all[i], reqs[i].held.owner, reqs[i].ttl))
-                .collect();
-            let answer = bounded(node, bound, node.extend_many(&locks, reset, cross_slot)).await;
-            (idx, answer)
-        }
+    let call = |idx: Vec<usize>, cross_slot: bool| async move {
+        let locks: Vec<_> = idx
+            .iter()
+            .map(|&i| (&all[i], reqs[i].held.owner, reqs[i].ttl))
+            .collect();
+        let answer = bounded(node, bound, node.extend_many(&locks, reset, cross_slot)).await;
+        (idx, answer)
     };
     let chunked = |groups: Vec<Vec<usize>>| -> Vec<Vec<usize>> {
         groups
@@ -78,7 +75,7 @@ pub(crate) async fn extend_on(
         }
     }
     if !refused.is_empty() {
-        let groups = chunked(group_by_slot(&all, refused));
+        let groups = chunked(group_by_slot(all, refused));
         for (idx, answer) in join_all(groups.into_iter().map(|g| call(g, false))).await {
             scatter(&mut out, &idx, answer);
         }

@@ -87,8 +87,8 @@ return false
 /// lives on the lock's slot), `ARGV[3]` `F` in fair mode (also leave the line, if queued).
 /// Deletes the lock only if it holds our owner value, then wakes waiters. 1 if deleted, else 0.
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
+    Script::new(&format!(
+        r"{WAKE_FN}
 if ARGV[3] == 'F' then
   if redis.call('ZREM', KEYS[4], ARGV[1]) == 1 then
     redis.call('LREM', KEYS[3], 1, ARGV[1])
@@ -96,17 +96,24 @@ if ARGV[3] == 'F' then
 end
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  if ARGV[2] == 'S' then
-    redis.call('SPUBLISH', KEYS[2], ARGV[1])
-  else
-    redis.call('PUBLISH', KEYS[2], ARGV[1])
-  end
+  wake(KEYS[2], ARGV[1], ARGV[2])
   return 1
 end
 return 0
-",
-    )
+"
+    ))
 });
+
+/// Lua: `wake(channel, owner, mode)` publishes `owner` on the wake-up `channel`, on the sharded
+/// channel when `mode` is `S` (Redis Cluster: the channel lives on the key's slot).
+pub(crate) const WAKE_FN: &str = r"local function wake(channel, owner, mode)
+  if mode == 'S' then
+    redis.call('SPUBLISH', channel, owner)
+  else
+    redis.call('PUBLISH', channel, owner)
+  end
+end
+";
 
 /// `KEYS[1..n]` locks; `ARGV[1]` unused (it once asked to set a missing key again), then for
 /// lock `i` its owner `ARGV[2i]` and its ttl in ms `ARGV[2i+1]`.

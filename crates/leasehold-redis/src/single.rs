@@ -1,19 +1,18 @@
 //! [`RedisBackend`]: one Redis server, with a best-effort fencing counter and release wake-ups.
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use leasehold_core::async_trait;
 use leasehold_core::{
-    Capabilities, Error, ExtendRequest, FencingKind, Grant, Held, HolderInfo, LockBackend, LockKey,
-    LockRequest, SafetyClass, Validity, WaitKind, Waited,
+    Candidate, Capabilities, ElectionBackend, Error, ExtendRequest, FencingKind, Grant, Held,
+    HolderInfo, LockBackend, LockKey, LockRequest, PermitBackend, PermitLimit, SafetyClass,
+    Validity, WaitKind, Waited,
 };
 use redis::aio::ConnectionManagerConfig;
 use redis::cluster::ClusterClient;
-use redis::{ProtocolVersion, PushInfo, PushKind, Value};
-use tokio::sync::Notify;
+use redis::{ProtocolVersion, PushInfo};
 use tokio::time::Instant;
 
 use crate::config::{Deployment, REDIS as NAME, RedisConfig, invalid};
@@ -22,7 +21,9 @@ use crate::keys::Names;
 use crate::node::{Connector, Node, Taken, names};
 use crate::renew::extend_on;
 use crate::replica::{ReplicaSync, Source};
+use crate::semaphore::RedisPermits;
 use crate::sentinel::SentinelConnector;
+use crate::wake::{Subscription, WakeHub};
 
 /// What single-node Redis guarantees and supports: a constant, as
 /// [`LockBackend::capabilities`] requires.
@@ -30,6 +31,7 @@ const CAPABILITIES: Capabilities =
     Capabilities::new(NAME, SafetyClass::Efficiency, FencingKind::BestEffort)
         .with_wait(WaitKind::Native)
         .with_ttl_range(Duration::from_millis(10), leasehold_core::DEFAULT_MAX_TTL)
+        .with_semaphores()
         .with_elections();
 
 /// Locks on one Redis server: an *efficiency* lock with a best-effort fencing token.
@@ -63,50 +65,6 @@ impl std::fmt::Debug for RedisBackend {
         f.debug_struct("RedisBackend")
             .field("config", &self.inner.config)
             .finish()
-    }
-}
-
-/// Routes release messages (RESP3 pushes on the shared connection) to waiting tasks, and keeps
-/// one subscription per channel for as long as some local task waits on it.
-#[derive(Default)]
-struct WakeHub {
-    channels: Mutex<HashMap<String, Arc<Channel>>>,
-}
-
-/// One wake-up channel: its waiters, how many hold it, and whether we are subscribed.
-#[derive(Default)]
-struct Channel {
-    notify: Notify,
-    /// Guarded by the hub's map lock.
-    refs: std::sync::atomic::AtomicUsize,
-    /// Serialises SUBSCRIBE and UNSUBSCRIBE of this channel, so an unsubscribe left over from
-    /// the previous waiter can never overtake the next waiter's subscribe.
-    subscribed: tokio::sync::Mutex<bool>,
-}
-
-impl WakeHub {
-    fn on_push(&self, push: PushInfo) {
-        match push.kind {
-            PushKind::Message | PushKind::SMessage => {
-                if let Some(Value::BulkString(channel)) = push.data.first()
-                    && let Ok(channel) = std::str::from_utf8(channel)
-                    && let Some(c) = self.lock().get(channel)
-                {
-                    c.notify.notify_waiters();
-                }
-            }
-            // The connection dropped: a release may have been missed; let everyone look again.
-            PushKind::Disconnection => {
-                for c in self.lock().values() {
-                    c.notify.notify_waiters();
-                }
-            }
-            _ => {}
-        }
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Channel>>> {
-        self.channels.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -214,6 +172,11 @@ impl RedisBackend {
     /// The configuration.
     pub fn config(&self) -> &RedisConfig {
         &self.inner.config
+    }
+
+    /// The connection and the wake-up hub, for the permit view.
+    pub(crate) fn parts(&self) -> (&Arc<Node>, &Arc<WakeHub>) {
+        (&self.inner.node, &self.inner.wake)
     }
 
     /// One attempt; in fair mode, `enqueue` joins the line (or refreshes our place in it).
@@ -324,98 +287,10 @@ impl Drop for QueueGuard<'_> {
     }
 }
 
-/// A hold on one key's wake-up channel, taken by the local contender.
-struct Subscription {
-    node: Arc<Node>,
-    hub: Arc<WakeHub>,
-    name: String,
-    channel: Arc<Channel>,
-}
-
-impl Subscription {
-    async fn new(node: &Arc<Node>, hub: &Arc<WakeHub>, name: &str) -> Result<Self, Error> {
-        let channel = {
-            let mut map = hub.lock();
-            let c = Arc::clone(map.entry(name.to_owned()).or_default());
-            c.refs.fetch_add(1, Ordering::SeqCst);
-            c
-        };
-        // From here on, dropping `sub` gives the hold back, even if subscribing fails.
-        let sub = Self {
-            node: Arc::clone(node),
-            hub: Arc::clone(hub),
-            name: name.to_owned(),
-            channel,
-        };
-        let mut subscribed = sub.channel.subscribed.lock().await;
-        if !*subscribed {
-            sub.node.subscribe(name).await?;
-            *subscribed = true;
-        }
-        drop(subscribed);
-        Ok(sub)
-    }
-}
-
-impl Drop for Subscription {
-    fn drop(&mut self) {
-        let last = {
-            let _map = self.hub.lock();
-            self.channel.refs.fetch_sub(1, Ordering::SeqCst) == 1
-        };
-        if !last {
-            return;
-        }
-        let (node, hub, name, channel) = (
-            Arc::clone(&self.node),
-            Arc::clone(&self.hub),
-            std::mem::take(&mut self.name),
-            Arc::clone(&self.channel),
-        );
-        // Driven to completion in a task: a dropped redis-rs future never sends its request.
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            drop(rt.spawn(async move {
-                let mut subscribed = channel.subscribed.lock().await;
-                if channel.refs.load(Ordering::SeqCst) > 0 {
-                    return; // a new waiter took the channel over meanwhile
-                }
-                if *subscribed {
-                    match node.unsubscribe(&name).await {
-                        Ok(()) => *subscribed = false,
-                        Err(e) => {
-                            tracing::debug!(error = %e, "leasehold-redis: unsubscribe failed")
-                        }
-                    }
-                }
-                drop(subscribed);
-                let mut map = hub.lock();
-                if channel.refs.load(Ordering::SeqCst) == 0
-                    && map.get(&name).is_some_and(|c| Arc::ptr_eq(c, &channel))
-                {
-                    map.remove(&name);
-                }
-            }));
-        }
-    }
-}
-
 #[async_trait]
 impl LockBackend for RedisBackend {
-    fn semaphore(
-        self: Arc<Self>,
-        _limit: leasehold_core::PermitLimit,
-    ) -> Result<Arc<dyn leasehold_core::PermitBackend>, Error> {
-        Err(Error::unsupported_primitive(
-            NAME,
-            "semaphores",
-            "not built yet",
-        ))
-    }
-
-    fn election(
-        self: Arc<Self>,
-        candidate: leasehold_core::Candidate,
-    ) -> Result<Arc<dyn leasehold_core::ElectionBackend>, Error> {
+    /// A `LockElection` over this server's locks under the election names (`…:elect`).
+    fn election(self: Arc<Self>, candidate: Candidate) -> Result<Arc<dyn ElectionBackend>, Error> {
         let node = Arc::clone(&self.inner.node);
         let locks = Self {
             inner: Arc::clone(&self.inner),
@@ -432,6 +307,18 @@ impl LockBackend for RedisBackend {
 
     fn capabilities(&self) -> Capabilities {
         CAPABILITIES
+    }
+
+    /// A [`RedisPermits`] view (see [`semaphore`](crate::semaphore)).
+    fn semaphore(self: Arc<Self>, limit: PermitLimit) -> Result<Arc<dyn PermitBackend>, Error> {
+        let config = &self.inner.config;
+        Ok(Arc::new(RedisPermits::new(
+            self.parts(),
+            config.prefix.clone(),
+            config.wait_backoff,
+            limit,
+            CAPABILITIES,
+        )))
     }
 
     async fn try_lock(&self, req: LockRequest<'_>) -> Result<Option<Grant>, Error> {
@@ -459,35 +346,24 @@ impl LockBackend for RedisBackend {
             &names.channel().to_string(),
         )
         .await?;
-        let mut attempts = 0u32;
-        loop {
-            let woken = sub.channel.notify.notified();
-            tokio::pin!(woken);
-            woken.as_mut().enable();
-            attempts += 1;
-            let started = Instant::now();
-            let attempt = LockRequest::new(req.key, req.owner, req.ttl, started, req.monitor);
-            if let Some(grant) = self.attempt(&attempt, true).await? {
-                return Ok(Waited::new(Some(grant), attempts));
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                self.leave_line(req.key, req.owner);
-                return Ok(Waited::new(None, attempts));
-            }
-            // Woken by the release message, or after a jittered backoff in case a message was
-            // lost (a reconnect, a holder that expired instead of releasing). In fair mode the
-            // backoff also keeps our place in line: we ask again well within the grace period.
-            let mut fallback = self.inner.config.wait_backoff.delay(attempts);
-            if let Some(grace) = self.inner.config.fair {
-                fallback = fallback.min(grace / 3);
-            }
-            let until = (now + fallback.max(Duration::from_millis(1))).min(deadline);
-            tokio::select! {
-                () = &mut woken => {}
-                () = tokio::time::sleep_until(until) => {}
-            }
+        // Woken by the release message, or after a jittered backoff in case a message was
+        // lost. In fair mode the backoff also keeps our place in line: we ask again well
+        // within the grace period.
+        let config = &self.inner.config;
+        let pause = |attempts| match config.fair {
+            Some(grace) => config.wait_backoff.delay(attempts).min(grace / 3),
+            None => config.wait_backoff.delay(attempts),
+        };
+        let waited = sub
+            .wait(deadline, pause, |started| {
+                let attempt = LockRequest::new(req.key, req.owner, req.ttl, started, req.monitor);
+                async move { self.attempt(&attempt, true).await }
+            })
+            .await?;
+        if waited.grant.is_none() {
+            self.leave_line(req.key, req.owner);
         }
+        Ok(waited)
     }
 
     async fn release(&self, held: Held<'_>) -> Result<bool, Error> {
@@ -512,8 +388,9 @@ impl LockBackend for RedisBackend {
         &self,
         reqs: &[ExtendRequest<'_>],
     ) -> Vec<Result<Option<Validity>, Error>> {
-        let prefix = &self.inner.config.prefix;
-        let answers = extend_on(&self.inner.node, prefix, reqs, false, None).await;
+        // The names as this view maps keys: an election view's leases are elections.
+        let all: Vec<_> = reqs.iter().map(|r| self.names(r.held.key)).collect();
+        let answers = extend_on(&self.inner.node, &all, reqs, false, None).await;
         answers
             .into_iter()
             .zip(reqs)

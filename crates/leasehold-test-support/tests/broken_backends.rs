@@ -46,7 +46,8 @@ impl LockBackend for Broken {
             .inner
             .capabilities()
             .with_wait(WaitKind::Poll)
-            .with_name("broken-memory");
+            .with_name("broken-memory")
+            .without_primitives();
         if self.fault == Fault::NoExclusion {
             // Fabricated grants carry no token; claim none, so only the overlap can give it away.
             let mut caps = caps;
@@ -122,7 +123,7 @@ impl LockBackend for Broken {
     async fn extend_many(
         &self,
         reqs: &[leasehold_core::ExtendRequest<'_>],
-    ) -> Vec<Result<Option<leasehold_core::Validity>, leasehold_core::Error>> {
+    ) -> Vec<leasehold_core::Extended> {
         leasehold_core::extend_each(self, reqs).await
     }
 

@@ -105,6 +105,7 @@
 
 mod error;
 pub mod fence;
+pub mod limit;
 pub mod lock;
 mod meter;
 mod once;
@@ -112,6 +113,7 @@ pub mod respond;
 
 pub use error::{Completed, FenceError, LeaseLostError, LockError};
 pub use fence::{Admission, Fence, FenceExtractor, FenceLayer, FenceStore, MemoryFenceStore};
+pub use limit::ConcurrencyLimitLayer;
 pub use lock::{
     HeldLease, Hold, InsertLease, KeyExtractor, LeaseBody, Lock, LockLayer, Mode, OnLost,
     UntilBodyEnd, UntilResponse,

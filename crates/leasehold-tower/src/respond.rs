@@ -54,6 +54,8 @@ pub struct StatusMap {
     unavailable: StatusCode,
     lease_lost: StatusCode,
     lock_error: StatusCode,
+    /// Seconds for a `Retry-After` header on contention and timeout answers, if any.
+    retry_after: Option<u32>,
 }
 
 impl Default for StatusMap {
@@ -64,6 +66,7 @@ impl Default for StatusMap {
             unavailable: StatusCode::SERVICE_UNAVAILABLE,
             lease_lost: StatusCode::SERVICE_UNAVAILABLE,
             lock_error: StatusCode::INTERNAL_SERVER_ERROR,
+            retry_after: None,
         }
     }
 }
@@ -97,6 +100,22 @@ status_setters! {
 }
 
 impl StatusMap {
+    /// The map of a concurrency limit ([`ConcurrencyLimitLayer`](crate::ConcurrencyLimitLayer)):
+    /// every permit taken (contention, or a wait budget run out) is **503 Service
+    /// Unavailable** with `Retry-After: 1`; the rest as [`StatusMap::default`].
+    pub fn concurrency_limit() -> Self {
+        Self::default()
+            .contended(StatusCode::SERVICE_UNAVAILABLE)
+            .timeout(StatusCode::SERVICE_UNAVAILABLE)
+            .retry_after(Some(1))
+    }
+
+    /// Adds `Retry-After: <secs>` to contention and timeout answers (`None`: no header).
+    pub fn retry_after(mut self, secs: Option<u32>) -> Self {
+        self.retry_after = secs;
+        self
+    }
+
     /// The status of `err`; `None` for the inner service's own error
     /// ([`LockError::Service`]).
     pub fn status<E, R>(&self, err: &LockError<E, R>) -> Option<StatusCode> {
@@ -128,7 +147,15 @@ impl StatusMap {
             LockError::LeaseLost { .. } => "the lock was lost before the request finished",
             _ => "lock error",
         };
-        Some(Parts { status, text })
+        let retry_after = match err {
+            LockError::Contended { .. } | LockError::Timeout { .. } => self.retry_after,
+            _ => None,
+        };
+        Some(Parts {
+            status,
+            text,
+            retry_after,
+        })
     }
 }
 
@@ -137,6 +164,7 @@ impl StatusMap {
 struct Parts {
     status: StatusCode,
     text: &'static str,
+    retry_after: Option<u32>,
 }
 
 impl Parts {
@@ -147,6 +175,11 @@ impl Parts {
             header::CONTENT_TYPE,
             HeaderValue::from_static("text/plain; charset=utf-8"),
         );
+        if let Some(secs) = self.retry_after {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
         response
     }
 }
@@ -315,6 +348,7 @@ where
                 .unwrap_or(Parts {
                     status: this.map.lock_error,
                     text: "lock error",
+                    retry_after: None,
                 })
                 .response()),
         })

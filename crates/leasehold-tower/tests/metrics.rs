@@ -177,7 +177,10 @@ impl LockBackend for NoRenewal {
     leasehold_core::refuse_primitives!("a test backend");
 
     fn capabilities(&self) -> Capabilities {
-        self.0.capabilities().with_name("no-renewal")
+        self.0
+            .capabilities()
+            .with_name("no-renewal")
+            .without_primitives()
     }
     async fn try_lock(&self, req: LockRequest<'_>) -> Result<Option<Grant>, Error> {
         self.0.try_lock(req).await
@@ -202,7 +205,7 @@ impl LockBackend for NoRenewal {
     async fn extend_many(
         &self,
         reqs: &[leasehold_core::ExtendRequest<'_>],
-    ) -> Vec<Result<Option<leasehold_core::Validity>, leasehold_core::Error>> {
+    ) -> Vec<leasehold_core::Extended> {
         leasehold_core::extend_each(self, reqs).await
     }
 

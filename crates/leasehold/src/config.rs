@@ -8,7 +8,9 @@ use leasehold_core::driver::{Opening, Target};
 use leasehold_core::redact;
 use std::sync::Arc;
 
-use leasehold_core::{Backoff, Drift, Error, LockBackend, LockOptions, Locker, Renewal};
+use leasehold_core::{
+    Backoff, Drift, Error, LockBackend, LockOptions, Locker, PermitLimit, Renewal, Semaphore,
+};
 use serde::Deserialize;
 
 use crate::registry::{check_encoded, invalid, open, scheme_of};
@@ -426,6 +428,19 @@ impl LockConfig {
             )));
         }
         Ok(backend)
+    }
+
+    /// Opens the backend and returns a [`Semaphore`] of `permits` permits per key with this
+    /// configuration's options.
+    ///
+    /// Fails as [`build`](Self::build) does (`require = "correctness"` applies: a permit is as
+    /// safe as a lock of its backend), and with
+    /// [`ErrorKind::Unsupported`](leasehold_core::ErrorKind::Unsupported) and the backend's
+    /// reason when it gives no semaphores (Redlock).
+    pub async fn build_semaphore(&self, permits: u32) -> Result<Semaphore, Error> {
+        let limit = PermitLimit::new(permits)?;
+        let backend = self.checked_backend().await?;
+        Semaphore::from_arc(backend, limit)?.with_options(self.lock_options())
     }
 
     fn redacted_backend(&self) -> String {

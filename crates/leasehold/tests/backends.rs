@@ -122,6 +122,37 @@ async fn etcd_through_config_serves_correctness() {
     assert!(b.release().await.unwrap());
 }
 
+/// `build_semaphore` over the 3-member etcd cluster's URLs: `require = "correctness"` passes,
+/// two permits are granted and a third is not, and a permit released comes back.
+#[cfg(feature = "etcd")]
+#[tokio::test]
+async fn etcd_semaphore_through_config_serves_correctness() {
+    let ep = require_service!(Service::EtcdCluster);
+    let prefix = format!("{}/", unique_prefix("facade-etcd-sem"));
+    let toml = format!(
+        "url = \"etcd://{}\"\nttl = \"5s\"\nrequire = \"correctness\"\nkey_prefix = {prefix:?}",
+        ep.urls().join(",")
+    );
+    let sem = LockConfig::from_toml_str(&toml)
+        .unwrap()
+        .build_semaphore(2)
+        .await
+        .unwrap();
+    assert_eq!(sem.locker().backend().capabilities().name, "etcd");
+    let a = sem.acquire("pool", Duration::from_secs(2)).await.unwrap();
+    let b = sem
+        .try_acquire("pool")
+        .await
+        .unwrap()
+        .expect("a second permit");
+    assert!(sem.try_acquire("pool").await.unwrap().is_none());
+    assert_eq!(sem.holders("pool").await.unwrap().len(), 2);
+    assert!(a.release().await.unwrap());
+    let c = sem.acquire("pool", Duration::from_secs(2)).await.unwrap();
+    assert!(c.fencing_token().unwrap() > b.fencing_token().unwrap());
+    assert!(b.release().await.unwrap() && c.release().await.unwrap());
+}
+
 #[tokio::test]
 async fn memory_through_config_and_connect() {
     let backend = leasehold::connect("memory://").await.unwrap();

@@ -394,3 +394,37 @@ fn postgres_max_sessions_is_a_backend_option() {
     assert_eq!(e.kind(), ErrorKind::InvalidConfig);
     assert!(e.to_string().contains("max_sessions"), "{e}");
 }
+
+/// A configuration builds semaphores: on memory it takes permits; `require = "correctness"`
+/// applies as for locks; a limit of 0 is a typed error.
+#[tokio::test]
+async fn semaphores_are_built_checked_and_refused_with_the_reason() {
+    let sem = LockConfig::new("memory://")
+        .build_semaphore(2)
+        .await
+        .unwrap();
+    let a = sem.try_acquire("k").await.unwrap();
+    let b = sem.try_acquire("k").await.unwrap();
+    assert!(a.is_some() && b.is_some());
+    assert!(sem.try_acquire("k").await.unwrap().is_none());
+
+    let strict = LockConfig::new("memory://").with_require(Require::Correctness);
+    let err = strict.build_semaphore(3).await.unwrap_err();
+    assert!(err.to_string().contains("correctness"), "{err}");
+
+    let err = LockConfig::new("memory://")
+        .build_semaphore(0)
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+}
+
+/// Redlock (which connects lazily: no server needed) is refused a semaphore with its reason.
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn redlock_semaphores_are_refused_with_the_reason() {
+    let redlock = LockConfig::new("redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3");
+    let err = redlock.build_semaphore(3).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
+    assert!(err.to_string().contains("keeps no count"), "{err}");
+}

@@ -46,16 +46,16 @@ pub(super) struct Group {
 
 /// The names one subject's locks and sessions go by on the servers.
 #[derive(Clone)]
-struct Tag {
+pub(super) struct Tag {
     /// Prefix of its keys.
-    prefix: String,
+    pub(super) prefix: String,
     /// `application_name` of its PostgreSQL sessions.
-    app: String,
+    pub(super) app: String,
 }
 
 /// A subject whose clients `connect` makes, and whose leftovers `count` says how to count,
 /// each given the subject's own [`Tag`] (`what` starts its prefix).
-fn subject<F, Fut, C>(
+pub(super) fn subject<F, Fut, C>(
     label: impl Into<String>,
     kind: Kind,
     what: &str,
@@ -77,7 +77,16 @@ where
 
 /// Ours on Redis: one node (with the fair queue if `fair`), or Redlock over several.
 async fn ours_redis(urls: Vec<String>, prefix: String, fair: bool) -> Result<Ours, BoxError> {
-    let backend: Arc<dyn LockBackend> = match &urls[..] {
+    Ours::new(redis_backend(urls, prefix, fair).await?)
+}
+
+/// Our Redis backend: one node (with the fair queue if `fair`), or Redlock over several.
+pub(super) async fn redis_backend(
+    urls: Vec<String>,
+    prefix: String,
+    fair: bool,
+) -> Result<Arc<dyn LockBackend>, BoxError> {
+    Ok(match &urls[..] {
         [url] => {
             let cfg = RedisConfig::from_url(url)?.with_prefix(prefix)?;
             let cfg = if fair {
@@ -90,8 +99,7 @@ async fn ours_redis(urls: Vec<String>, prefix: String, fair: bool) -> Result<Our
         _ => Arc::new(RedlockBackend::new(
             RedlockConfig::from_urls(urls)?.with_prefix(prefix)?,
         )?),
-    };
-    Ours::new(backend)
+    })
 }
 
 /// Redis through Sentinel (the topology of `scripts/services`): ours, without and with the
@@ -183,10 +191,19 @@ fn redis_subjects(urls: &[String], count_urls: &[String]) -> Vec<Subject> {
 
 /// Ours on PostgreSQL, its sessions named after the subject.
 async fn ours_pg(conninfo: String, t: Tag) -> Result<Ours, BoxError> {
-    let cfg = PostgresConfig::from_url(&conninfo)?
-        .with_prefix(t.prefix)?
-        .with_application_name(t.app);
-    Ours::new(Arc::new(PostgresBackend::connect(cfg).await?))
+    Ours::new(pg_backend(&conninfo, t.prefix, t.app).await?)
+}
+
+/// Our PostgreSQL backend, its keys under `prefix`, its sessions named `app`.
+pub(super) async fn pg_backend(
+    conninfo: &str,
+    prefix: String,
+    app: String,
+) -> Result<Arc<dyn LockBackend>, BoxError> {
+    let cfg = PostgresConfig::from_url(conninfo)?
+        .with_prefix(prefix)?
+        .with_application_name(app);
+    Ok(Arc::new(PostgresBackend::connect(cfg).await?))
 }
 
 async fn raw_pg(conninfo: String, t: Tag) -> Result<RawPg, BoxError> {
@@ -246,7 +263,12 @@ async fn ours_etcd(
     let cfg = EtcdConfig::new(endpoints)
         .with_prefix(prefix)?
         .with_lease_mode(mode);
-    Ours::new(Arc::new(EtcdBackend::connect(cfg).await?))
+    Ours::new(etcd_backend(cfg).await?)
+}
+
+/// Our etcd backend on `cfg`.
+pub(super) async fn etcd_backend(cfg: EtcdConfig) -> Result<Arc<dyn LockBackend>, BoxError> {
+    Ok(Arc::new(EtcdBackend::connect(cfg).await?))
 }
 
 fn etcd_subjects(endpoints: &[String]) -> Vec<Subject> {
@@ -356,36 +378,42 @@ fn memory_subjects() -> Vec<Subject> {
     )]
 }
 
-/// The file backend on a lock folder under `dir`, a backend per client (as separate processes
-/// would have), each kept to count what it holds.
-fn file_subjects(dir: PathBuf) -> Vec<Subject> {
+/// File backends on the lock folder `dir`, a backend per client (as separate processes would
+/// have): what opens one, and the count of what all of them hold.
+pub(super) fn file_backends(
+    dir: PathBuf,
+) -> (
+    impl Fn() -> Result<Arc<dyn LockBackend>, BoxError> + Send + Sync + 'static,
+    Count,
+) {
     let made: Arc<std::sync::Mutex<Vec<Arc<FileBackend>>>> = Arc::default();
     let m = Arc::clone(&made);
-    let open = move || -> Result<Ours, BoxError> {
+    let open = move || -> Result<Arc<dyn LockBackend>, BoxError> {
         let b = Arc::new(FileBackend::new(FileConfig::new(dir.clone()))?);
         if let Ok(mut v) = m.lock() {
             v.push(Arc::clone(&b));
         }
-        Ours::new(b)
+        Ok(b)
     };
     let held = move || {
         let all = made.lock();
         all.map(|v| v.iter().map(|b| b.held_count()).sum())
             .unwrap_or(usize::MAX)
     };
+    (open, Count::Local(Box::new(held)))
+}
+
+/// The file backend on a lock folder under `dir`, a backend per client, each kept to count
+/// what it holds.
+fn file_subjects(dir: PathBuf) -> Vec<Subject> {
+    let (open, count) = file_backends(dir);
     let label = "leasehold FileBackend (a backend per client)";
-    let make = make(move || std::future::ready(open()));
-    vec![Subject::new(
-        label,
-        Kind::Ours,
-        false,
-        make,
-        Count::Local(Box::new(held)),
-    )]
+    let make = make(move || std::future::ready(open().and_then(Ours::new)));
+    vec![Subject::new(label, Kind::Ours, false, make, count)]
 }
 
 /// The URLs of a service of `scripts/services`.
-fn urls(service: Service) -> Result<Vec<String>, BoxError> {
+pub(super) fn urls(service: Service) -> Result<Vec<String>, BoxError> {
     Ok(services::lookup(service)?.urls().to_vec())
 }
 
@@ -419,26 +447,40 @@ async fn faulty_redlock(g: &mut Group, mode: Mode) -> Result<Vec<Subject>, BoxEr
     Ok(redis_subjects(&via, &direct))
 }
 
+impl Group {
+    pub(super) fn new(full: bool) -> Self {
+        Self {
+            title: String::new(),
+            full,
+            subjects: Vec::new(),
+            fault: None,
+            counted: std::sync::Mutex::default(),
+            _keep: Vec::new(),
+        }
+    }
+
+    /// A lock folder under `out`, removed with the group.
+    pub(super) fn lock_dir(&mut self, out: &Path) -> Result<PathBuf, BoxError> {
+        let dir = out.join(format!("file-locks-{}", services::unique_prefix("perf")));
+        std::fs::create_dir_all(&dir)?;
+        self._keep.push(Box::new(RemoveDir(dir.clone())));
+        Ok(dir)
+    }
+}
+
 /// Sets group `name` up (`out`: where the file backend's lock folder goes).
 pub(super) async fn build_group(name: &'static str, out: &Path) -> Result<Group, BoxError> {
-    let mut g = Group {
-        title: String::new(),
-        full: matches!(name, "memory" | "file" | "redis" | "redlock5")
+    let mut g = Group::new(
+        matches!(name, "memory" | "file" | "redis" | "redlock5")
             || name.starts_with("postgres")
             || name.starts_with("etcd"),
-        subjects: Vec::new(),
-        fault: None,
-        counted: std::sync::Mutex::default(),
-        _keep: Vec::new(),
-    };
+    );
     let (title, subjects) = match name {
         "memory" => ("memory (in process)".to_owned(), memory_subjects()),
-        "file" => {
-            let dir = out.join(format!("file-locks-{}", services::unique_prefix("perf")));
-            std::fs::create_dir_all(&dir)?;
-            g._keep.push(Box::new(RemoveDir(dir.clone())));
-            ("file (flock, local disk)".to_owned(), file_subjects(dir))
-        }
+        "file" => (
+            "file (flock, local disk)".to_owned(),
+            file_subjects(g.lock_dir(out)?),
+        ),
         "redis" => {
             let url = urls(Service::Redis)?;
             ("redis (single node)".to_owned(), redis_subjects(&url, &url))

@@ -25,12 +25,18 @@
 //! current-thread runtime of its own), and PostgreSQL with the bench and the server pinned to
 //! different CPUs, every figure a median of repeats (run last, in a phase of their own).
 //!
+//! The `semaphore` group ([`semaphore`]) measures an uncontended permit cycle (4 permits per
+//! key) against the same backend's lock cycle on every backend that gives semaphores; the
+//! `failover` group ([`failover`]) the time from a leader's crash, and from its `resign()`, to a
+//! new leader on every backend that gives elections (on the first runtime only).
+//!
 //! A last table ([`leftovers`]) shows what keys leave behind after release (Redis, file).
 //!
 //! `--quick` runs everything with tiny counts and fails (exit status 1) on any error,
 //! leftover or nonsensical figure; it never judges timings.
 
 mod extras;
+pub(crate) mod failover;
 pub(crate) mod fleet;
 mod groups;
 mod leftovers;
@@ -38,6 +44,7 @@ pub(crate) mod model;
 mod output;
 mod pinned;
 mod scenarios;
+mod semaphore;
 
 use std::path::Path;
 use std::time::Duration;
@@ -72,12 +79,17 @@ fn setup_failed(rt: &str, name: &str, e: &BoxError) -> Row {
 async fn run_runtime(p: &Params, rt: &str, out: &Path) -> Vec<Row> {
     let mut rows = Vec::new();
     for &name in &GROUPS {
-        if !chosen(p, name) || is_pinned(name) || name == "tower-layer" || name == "fleet" {
+        if !chosen(p, name)
+            || is_pinned(name)
+            || matches!(name, "tower-layer" | "fleet" | "failover")
+        {
             continue;
         }
         let started = Instant::now();
         if name == "redis-benchmark" {
             rows.extend(extras::redis_benchmark(p, rt).await);
+        } else if name == "semaphore" {
+            rows.extend(semaphore::run(p, rt, out).await);
         } else {
             let g = match groups::build_group(name, out).await {
                 Ok(g) => g,
@@ -147,6 +159,13 @@ pub(crate) fn main(out: &Path, runtimes: &[&str], p: &Params) -> Result<(), BoxE
         let rt = runtime(flavour)?;
         rows.extend(rt.block_on(run_runtime(p, flavour, out)));
         // Background releases and the extra Redis nodes end with the runtime.
+        rt.shutdown_timeout(Duration::from_secs(2));
+    }
+    if chosen(p, "failover")
+        && let Some(&first) = runtimes.first()
+    {
+        let rt = runtime(first)?;
+        rows.extend(rt.block_on(failover::run(p, first, out)));
         rt.shutdown_timeout(Duration::from_secs(2));
     }
     if chosen(p, "tower-layer") {

@@ -64,7 +64,7 @@ impl Params {
 
 /// Every group name `--groups` accepts, in run order. The pinned groups run last, in a
 /// phase of their own (the CPU placement applies to them alone).
-pub(crate) const GROUPS: [&str; 18] = [
+pub(crate) const GROUPS: [&str; 20] = [
     "memory",
     "file",
     "redis",
@@ -79,6 +79,8 @@ pub(crate) const GROUPS: [&str; 18] = [
     "postgres-unix",
     "etcd",
     "etcd-cluster",
+    "semaphore",
+    "failover",
     "tower-layer",
     "fleet",
     "postgres-tcp-pinned",
@@ -109,6 +111,10 @@ pub(crate) enum Scenario {
     Contention,
     /// Medians over repeats (pinned PostgreSQL, LockLayer), or a rate against a server tool.
     Repeated,
+    /// Uncontended permit + release of a semaphore, and the same backend's lock cycle.
+    Semaphore,
+    /// Leader crash and resign to a new leader.
+    Failover,
     /// A group that could not be set up.
     Setup,
 }
@@ -120,6 +126,8 @@ impl Scenario {
             Self::Throughput => "throughput",
             Self::Contention => "contention",
             Self::Repeated => "repeated",
+            Self::Semaphore => "semaphore",
+            Self::Failover => "failover",
             Self::Setup => "setup",
         }
     }
@@ -150,6 +158,10 @@ pub(crate) struct Row {
     /// A ratio measured in the same run (median and range over repeats), and what it is
     /// a ratio of.
     pub(crate) ratio: Option<(Spread, String)>,
+    /// Failover: from the leader's crash, and from `resign()`, to a new leader's `campaign()`
+    /// returning, in ms (median and range over repeats).
+    pub(crate) failover: Option<Spread>,
+    pub(crate) resign: Option<Spread>,
 }
 
 impl Row {
@@ -217,11 +229,16 @@ pub(crate) fn problems(rows: &[Row]) -> Vec<String> {
 fn nonsense(r: &Row) -> Option<&'static str> {
     let no_rate = !r.per_sec.is_some_and(|x| x.is_finite() && x > 0.0);
     match r.scenario {
-        Scenario::Cycle if r.cycles == 0 || r.p50.is_none_or(|d| d.is_zero()) => {
+        Scenario::Cycle | Scenario::Semaphore
+            if r.cycles == 0 || r.p50.is_none_or(|d| d.is_zero()) =>
+        {
             Some("no sensible latency")
         }
-        Scenario::Cycle if matches!((r.p50, r.p99), (Some(a), Some(b)) if b < a) => {
+        Scenario::Cycle | Scenario::Semaphore if matches!((r.p50, r.p99), (Some(a), Some(b)) if b < a) => {
             Some("p99 below p50")
+        }
+        Scenario::Failover if r.failover.is_none_or(|s| s.min < 0.0) => {
+            Some("no failover measured")
         }
         Scenario::Throughput if r.cycles == 0 || no_rate => Some("no cycle completed"),
         Scenario::Contention if r.grants.unwrap_or(0) == 0 => Some("no grant"),

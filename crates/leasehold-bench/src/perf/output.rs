@@ -7,10 +7,12 @@ use std::time::Duration;
 
 use plotters::prelude::{BLUE, Color as _, GREEN, RED, RGBAColor};
 
+use super::failover::TTL as FAILOVER_TTL;
 use super::model::{HOLD, Params, Row, Scenario};
+use super::semaphore::PERMITS;
 use crate::report::charts::{self, Series};
 use crate::report::{Table, csv_text};
-use crate::stats::ms;
+use crate::stats::{Spread, ms};
 
 fn fmt_ms(d: Option<Duration>) -> String {
     d.map(ms).unwrap_or_else(|| "–".into())
@@ -279,12 +281,7 @@ fn repeated_table(groups: &[(&str, Vec<&Row>)], rt: &str, p: &Params) -> Table {
             Some(e) => format!("**failed**: {}", e.replace('|', "/")),
             None => fmt_rate(r.per_sec),
         };
-        let ratio = r
-            .ratio
-            .as_ref()
-            .map(|(s, of)| format!("{} {of}", s.times()));
-        let ratio = ratio.unwrap_or_else(|| "–".into());
-        vec![fmt_fine(r.p50), fmt_fine(r.p99), rate, ratio]
+        vec![fmt_fine(r.p50), fmt_fine(r.p99), rate, ratio_cell(r)]
     });
     t.note(
         "Each repeat measures every implementation of the group in alternating rounds (the \
@@ -295,6 +292,93 @@ fn repeated_table(groups: &[(&str, Vec<&Row>)], rt: &str, p: &Params) -> Table {
          (a round's mean, median over the rounds), ratios the median of per-round ratios. The \
          redis-benchmark row is one run of the server's own tool, against our cycles on the \
          same number of tasks."
+            .to_owned(),
+    );
+    t
+}
+
+/// The ratio cell of a row: its median and range, and what it is a ratio of.
+fn ratio_cell(r: &Row) -> String {
+    r.ratio
+        .as_ref()
+        .map_or_else(|| "–".into(), |(s, of)| format!("{} {of}", s.times()))
+}
+
+fn semaphore_table(groups: &[(&str, Vec<&Row>)], rt: &str) -> Table {
+    let title =
+        format!("Semaphores: uncontended permit + release against the lock cycle ({rt} runtime)");
+    let header = [
+        "backend",
+        "implementation",
+        "p50",
+        "p99",
+        "cycles/s",
+        "p50 vs lock",
+        "locks left",
+    ];
+    let mut t = line_table(title, &header, groups, Scenario::Semaphore, |r| {
+        vec![
+            fmt_ms(r.p50),
+            fmt_ms(r.p99),
+            fmt_rate(r.per_sec),
+            ratio_cell(r),
+            left(r.error.as_deref(), r.leftovers),
+        ]
+    });
+    t.note(format!(
+        "One client takes one permit of a semaphore of {PERMITS} permits per key (`try_acquire`) \
+         and releases it; the lock row is the same backend's lock cycle, the two taking turns \
+         in the same rounds, each on backends (connections) of its own. *locks left*: permits \
+         (or locks) the scenario added on the servers, counted as in the cycle table."
+    ));
+    t
+}
+
+/// Milliseconds, median and range over repeats.
+fn fmt_spread_ms(s: Option<&Spread>) -> String {
+    match s {
+        None => "–".into(),
+        Some(s) if s.min == s.max => format!("{:.1} ms", s.median),
+        Some(s) => format!("{:.1} ms [{:.1}–{:.1}]", s.median, s.min, s.max),
+    }
+}
+
+fn failover_table(groups: &[(&str, Vec<&Row>)], rt: &str) -> Table {
+    let repeats = groups
+        .iter()
+        .flat_map(|(_, v)| v.iter())
+        .filter(|r| r.scenario == Scenario::Failover)
+        .map(|r| r.cycles)
+        .max()
+        .unwrap_or(0);
+    let title = format!(
+        "Leader failover: leader crash, and resign(), to a new leader; TTL {FAILOVER_TTL:?} \
+         ({rt} runtime, {repeats} repeat(s))"
+    );
+    let header = [
+        "backend",
+        "implementation",
+        "crash → new leader: median [range]",
+        "resign() → new leader: median [range]",
+        "leaders left",
+    ];
+    let mut t = line_table(title, &header, groups, Scenario::Failover, |r| {
+        vec![
+            fmt_spread_ms(r.failover.as_ref()),
+            fmt_spread_ms(r.resign.as_ref()),
+            left(r.error.as_deref(), r.leftovers),
+        ]
+    });
+    t.note(
+        "Crash: the leader runs in a process of its own that is killed (SIGKILL), so nothing \
+         resigns and its connections close: Redis waits for the leadership key's TTL, etcd for \
+         the session lease's, PostgreSQL for the session's end, the file backend for the \
+         descriptor's close. On the memory backend, which lives in one process, the leader's \
+         thread and runtime stop with the leadership forgotten (nothing renews or resigns). \
+         Each time runs to the next candidate's `campaign()` returning, that candidate having \
+         campaigned for a moment already; the resign figure starts when `resign()` returned \
+         (0 when the campaign returned first). *leaders left*: leaders once the last \
+         candidate resigned."
             .to_owned(),
     );
     t
@@ -318,6 +402,12 @@ pub(super) fn tables(rows: &[Row], rt: &str, p: &Params) -> Vec<Table> {
     if has(Scenario::Contention) {
         v.push(contention_table(&groups, rt, p));
     }
+    if has(Scenario::Semaphore) {
+        v.push(semaphore_table(&groups, rt));
+    }
+    if has(Scenario::Failover) {
+        v.push(failover_table(&groups, rt));
+    }
     if has(Scenario::Repeated) {
         v.push(repeated_table(&groups, rt, p));
     }
@@ -329,7 +419,8 @@ pub(super) fn csv(rows: &[Row]) -> String {
     let mut s = String::from(
         "runtime,group,scenario,implementation,kind,concurrency,cycles,p50_ms,p99_ms,per_sec,\
          grants,handoff_p50_ms,longest_wait_ms,straight_back_pct,leftovers,ratio_median,\
-         ratio_min,ratio_max,ratio_of,error\n",
+         ratio_min,ratio_max,ratio_of,failover_median_ms,failover_min_ms,failover_max_ms,\
+         resign_median_ms,resign_min_ms,resign_max_ms,error\n",
     );
     let d = |x: Option<Duration>| {
         x.map(|d| format!("{:.4}", d.as_secs_f64() * 1e3))
@@ -340,7 +431,7 @@ pub(super) fn csv(rows: &[Row]) -> String {
         let spread = r.ratio.as_ref().map(|(s, _)| s);
         let _ = writeln!(
             s,
-            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
             csv_text(&r.runtime),
             csv_text(&r.group),
             r.scenario.as_str(),
@@ -360,6 +451,12 @@ pub(super) fn csv(rows: &[Row]) -> String {
             f(spread.map(|s| s.min), 4),
             f(spread.map(|s| s.max), 4),
             csv_text(r.ratio.as_ref().map_or("", |(_, of)| of.as_str())),
+            f(r.failover.map(|s| s.median), 3),
+            f(r.failover.map(|s| s.min), 3),
+            f(r.failover.map(|s| s.max), 3),
+            f(r.resign.map(|s| s.median), 3),
+            f(r.resign.map(|s| s.min), 3),
+            f(r.resign.map(|s| s.max), 3),
             csv_text(r.error.as_deref().unwrap_or("")),
         );
     }
@@ -368,6 +465,12 @@ pub(super) fn csv(rows: &[Row]) -> String {
 
 fn to_ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
+}
+
+/// The median of a spread of milliseconds, as a duration; none for zero (no bar on a log
+/// axis).
+fn median_duration(s: &Spread) -> Option<Duration> {
+    (s.median > 0.0).then(|| Duration::from_secs_f64(s.median / 1e3))
 }
 
 fn chart_label(r: &Row) -> String {
@@ -421,6 +524,22 @@ pub(super) fn charts(out: &Path, rows: &[Row], runtimes: &[&str]) -> Result<usiz
         ];
         let title = "Uncontended acquire + release";
         n += usize::from(bar_chart(out, "latency", rt, title, &cycle, &latency)?);
+        let sem: Vec<&Row> = ok(Scenario::Semaphore)
+            .filter(|r| r.p50.is_some())
+            .collect();
+        let title = format!("Uncontended permit ({PERMITS} per key) and lock cycle");
+        n += usize::from(bar_chart(out, "semaphore", rt, &title, &sem, &latency)?);
+        let elected: Vec<&Row> = ok(Scenario::Failover).collect();
+        let failover: [Figure; 2] = [
+            ("crash → new leader (median)", RED.mix(0.5), |r| {
+                r.failover.and_then(|s| median_duration(&s))
+            }),
+            ("resign() → new leader (median)", GREEN.mix(0.7), |r| {
+                r.resign.and_then(|s| median_duration(&s))
+            }),
+        ];
+        let title = format!("Leader failover, TTL {FAILOVER_TTL:?}");
+        n += usize::from(bar_chart(out, "failover", rt, &title, &elected, &failover)?);
         let cont: Vec<&Row> = ok(Scenario::Contention).collect();
         let waits: [Figure; 2] = [
             ("handoff p50", GREEN.mix(0.7), |r| r.handoff_p50),
@@ -471,6 +590,40 @@ mod tests {
         assert_eq!(ours[6], "2.00×", "{ours:?}");
         let md = t[0].markdown();
         assert!(md.contains("| g | fast peer *(peer)* |"), "{md}");
+    }
+
+    #[test]
+    fn failover_rows_make_their_table_and_fail_without_a_figure() {
+        let mut times = [1900.0, 2100.0, 2000.0];
+        let r = Row {
+            scenario: Scenario::Failover,
+            failover: Some(Spread::of(&mut times)),
+            resign: Some(Spread::of(&mut [5.0])),
+            cycles: 3,
+            ..test_row("leasehold RedisBackend: election", "ours", 1)
+        };
+        let p = Params::quick(Vec::new(), false);
+        let t = tables(std::slice::from_ref(&r), "rt", &p);
+        let md = t[0].markdown();
+        assert!(md.contains("3 repeat(s)"), "{md}");
+        assert!(
+            md.contains("| 2000.0 ms [1900.0–2100.0] | 5.0 ms | 0 |"),
+            "{md}"
+        );
+        assert!(crate::perf::model::problems(std::slice::from_ref(&r)).is_empty());
+        let unmeasured = Row {
+            failover: None,
+            ..r
+        };
+        let problems = crate::perf::model::problems(&[unmeasured]);
+        assert!(problems[0].contains("no failover measured"), "{problems:?}");
+        assert!(
+            csv(&[])
+                .lines()
+                .next()
+                .unwrap_or_default()
+                .contains("failover_median_ms")
+        );
     }
 
     #[test]

@@ -21,6 +21,8 @@ const SETTLE: Duration = Duration::from_millis(100);
 const SETTLE_QUICK: Duration = Duration::from_millis(50);
 /// When a count found new locks: how long before counting again (far below the 30 s TTL).
 const RECOUNT: Duration = Duration::from_secs(1);
+/// The key of the cycle scenario.
+pub(super) const CYCLE_KEY: &str = "u";
 
 fn base_row(rt: &str, g: &Group, s: &Subject, scenario: Scenario, c: usize) -> Row {
     Row {
@@ -138,7 +140,7 @@ pub(super) async fn cycle_scenario(p: &Params, rt: &str, g: &Group) -> Vec<Row> 
             let n = if round == 0 { warmup } else { per };
             for _ in 0..n {
                 let t0 = Instant::now();
-                if let Err(e) = timed(c.cycle("u"), CYCLE_TIMEOUT).await {
+                if let Err(e) = timed(c.cycle(CYCLE_KEY), CYCLE_TIMEOUT).await {
                     rows[i].error = Some(e);
                     *slot = None;
                     break;

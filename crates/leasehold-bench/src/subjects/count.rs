@@ -48,6 +48,17 @@ impl Count {
     }
 }
 
+/// How the Redis backend's semaphore limit key ends (`<prefix>{<key>}:sem:limit`).
+const REDIS_PERMIT_LIMIT: &str = ":sem:limit";
+
+/// Whether an etcd key is a semaphore's stored limit (`<prefix>%sem/<escaped key>`, which
+/// stays behind by design; its permits live under it and a `/`).
+fn etcd_permit_limit(key: &[u8]) -> bool {
+    let key = String::from_utf8_lossy(key);
+    key.split_once("%sem/")
+        .is_some_and(|(_, rest)| !rest.contains('/'))
+}
+
 async fn redis_keys_with_ttl(url: &str, needle: &str) -> Result<u64, BoxError> {
     let mut c = redis::Client::open(url)?
         .get_multiplexed_async_connection()
@@ -58,7 +69,11 @@ async fn redis_keys_with_ttl(url: &str, needle: &str) -> Result<u64, BoxError> {
     };
     let mut n = 0;
     for k in keys {
-        // Lock keys carry a TTL; fencing counters carry none (-1).
+        // Lock keys carry a TTL; fencing counters carry none (-1). A semaphore's stored limit
+        // expires with its last permit, after the release: no permit.
+        if k.ends_with(REDIS_PERMIT_LIMIT) {
+            continue;
+        }
         if c.pttl::<_, i64>(&k).await? >= 0 {
             n += 1;
         }
@@ -95,11 +110,12 @@ async fn etcd_leftovers(
             Some(
                 etcd_client::GetOptions::new()
                     .with_prefix()
-                    .with_count_only(),
+                    .with_keys_only(),
             ),
         )
         .await?;
-    let mut n = u64::try_from(resp.count())?;
+    let held = resp.kvs().iter().filter(|kv| !etcd_permit_limit(kv.key()));
+    let mut n = held.count() as u64;
     let ids: Vec<i64> = leases
         .map(|l| l.lock().map(|v| v.clone()).unwrap_or_default())
         .unwrap_or_default();
@@ -117,4 +133,18 @@ async fn etcd_leftovers(
         n += alive.into_iter().filter(|&a| a).count() as u64;
     }
     Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A semaphore's stored limit is skipped; its permits, and locks, are counted.
+    #[test]
+    fn etcd_limit_keys_are_not_counted_as_held() {
+        assert!(etcd_permit_limit(b"lh-perf:%sem/u"));
+        assert!(!etcd_permit_limit(b"lh-perf:%sem/u/694d7a1b2c"));
+        assert!(!etcd_permit_limit(b"lh-perf:u/694d7a1b2c"));
+        assert!(!etcd_permit_limit(b"lh-perf:%elect/u/694d7a1b2c"));
+    }
 }

@@ -3,6 +3,8 @@
 
 #![allow(dead_code)] // each test file uses its own subset
 
+pub(crate) mod election;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
@@ -182,6 +184,19 @@ impl Running {
             .await
             .expect("leasehold ends in time")
     }
+}
+
+/// The `redlock://` URL of the Redlock nodes' `redis://` URLs.
+pub(crate) fn redlock_url(nodes: &[String]) -> String {
+    let hosts: Vec<String> = nodes
+        .iter()
+        .map(|u| {
+            u.trim_start_matches("redis://")
+                .trim_end_matches('/')
+                .to_owned()
+        })
+        .collect();
+    format!("redlock://{}", hosts.join(","))
 }
 
 /// Finds a tool the services script installs (psql may live outside PATH).

@@ -58,15 +58,17 @@ pub async fn count(client: &Client, prefix: &str) -> Result<usize, etcd_client::
     Ok(usize::try_from(resp.count()).unwrap_or(usize::MAX))
 }
 
-/// The lease id of the key that holds `lease` (found by its owner value), if any.
+/// The lease id of the key that holds `lease` (found by its owner value, unique per
+/// acquisition, anywhere under the test's `prefix`: a lock or a permit), if any.
 pub async fn lease_of(
     client: &Client,
     prefix: &str,
     lease: &Lease,
 ) -> Result<Option<i64>, etcd_client::Error> {
     let mut kv = client.kv_client();
-    let range = format!("{prefix}{}/", lease.key());
-    let resp = kv.get(range, Some(GetOptions::new().with_prefix())).await?;
+    let resp = kv
+        .get(prefix, Some(GetOptions::new().with_prefix()))
+        .await?;
     Ok(resp
         .kvs()
         .iter()

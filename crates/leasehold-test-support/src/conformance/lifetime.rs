@@ -74,7 +74,7 @@ impl LockBackend for SlowAnswers {
     leasehold_core::refuse_primitives!("a test backend");
 
     fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
+        self.inner.capabilities().without_primitives()
     }
     async fn try_lock(&self, req: LockRequest<'_>) -> Result<Option<Grant>, Error> {
         self.record();
@@ -100,7 +100,7 @@ impl LockBackend for SlowAnswers {
     async fn extend_many(
         &self,
         reqs: &[leasehold_core::ExtendRequest<'_>],
-    ) -> Vec<Result<Option<leasehold_core::Validity>, leasehold_core::Error>> {
+    ) -> Vec<leasehold_core::Extended> {
         leasehold_core::extend_each(self, reqs).await
     }
 

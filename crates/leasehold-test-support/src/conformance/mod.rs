@@ -19,7 +19,15 @@
 //! 6. [`watchdog`]: renewal keeps a lease across 5 TTLs; without renewal the lost signal fires
 //!    before another client can acquire;
 //! 7. [`cancellation`]: 1,000 acquires dropped at random points leave nothing held;
-//! 8. [`bad_input`]: bad keys and TTLs are typed errors, not panics.
+//! 8. [`bad_input`]: bad keys and TTLs are typed errors, not panics;
+//! 9. [`primitives`]: semaphores and elections are given exactly when the capabilities say so,
+//!    refused with a typed error and a reason otherwise, and a view of either gives neither.
+//!
+//! Backends that give semaphores also run the semaphore checks ([`SEMAPHORE_CHECKS`], generated
+//! by [`semaphore_tests!`](crate::semaphore_tests)) over the same target: [`permit_bound`] (never
+//! more than N holders over recorded grant intervals, with random holds, drops and
+//! cancellations), [`permits_freed`] (on release, drop and holder loss), [`permit_waiters_woken`],
+//! [`permit_limit_mismatch`] (refused), and [`permit_fairness`] (measured, not bounded).
 //!
 //! Backends that give elections also pass the checks of [`election`].
 
@@ -32,43 +40,46 @@ macro_rules! ensure {
     };
 }
 
+/// Declares `$list`, the names of the given checks in order, and `$run`, which runs one of them
+/// by name against a `$target`.
+macro_rules! checks {
+    ($list:ident, $run:ident($target:ty): $($check:ident),+ $(,)?) => {
+        #[doc = concat!("Every check of this list, by name, in order (see [`", stringify!($run), "`]).")]
+        pub const $list: [&str; [$(stringify!($check)),+].len()] = [$(stringify!($check)),+];
+
+        #[doc = concat!("Runs one check by name (see [`", stringify!($list), "`]).")]
+        pub async fn $run(name: &str, t: &$target) -> Result<(), Failure> {
+            $(
+                if name == stringify!($check) {
+                    return $check(t).await;
+                }
+            )+
+            Err(Failure::new("run", format!("no check named {name:?}")))
+        }
+    };
+}
+
 pub mod election;
 mod exclusion;
 mod lifetime;
+mod primitives;
 mod robustness;
+mod semaphore;
 mod target;
 
 pub use exclusion::{fencing_tokens, mutual_exclusion, own_grant_only, try_and_wait};
 pub use lifetime::{validity_deadline, watchdog};
+pub use primitives::primitives;
 pub use robustness::{bad_input, cancellation};
+pub use semaphore::{
+    Fairness, SEMAPHORE_CHECKS, permit_bound, permit_fairness, permit_limit_mismatch,
+    permit_waiters_woken, permits_freed, run_semaphore,
+};
 pub use target::{BoxFuture, ExpireHook, Failure, HeldHook, Target, unique_key};
 
-/// Every check, by name, in order.
-pub const CHECKS: [&str; 8] = [
-    "mutual_exclusion",
-    "try_and_wait",
-    "own_grant_only",
-    "fencing_tokens",
-    "validity_deadline",
-    "watchdog",
-    "cancellation",
-    "bad_input",
-];
-
-/// Runs one check by name (see [`CHECKS`]).
-pub async fn run(name: &str, t: &Target) -> Result<(), Failure> {
-    match name {
-        "mutual_exclusion" => mutual_exclusion(t).await,
-        "try_and_wait" => try_and_wait(t).await,
-        "own_grant_only" => own_grant_only(t).await,
-        "fencing_tokens" => fencing_tokens(t).await,
-        "validity_deadline" => validity_deadline(t).await,
-        "watchdog" => watchdog(t).await,
-        "cancellation" => cancellation(t).await,
-        "bad_input" => bad_input(t).await,
-        other => Err(Failure::new("run", format!("no check named {other:?}"))),
-    }
-}
+checks!(CHECKS, run(Target):
+    mutual_exclusion, try_and_wait, own_grant_only, fencing_tokens, validity_deadline, watchdog,
+    cancellation, bad_input, primitives);
 
 /// Runs every check, stopping at the first failure.
 pub async fn run_all(t: &Target) -> Result<(), Failure> {
@@ -87,7 +98,7 @@ macro_rules! conformance_tests {
     ($target:path) => {
         $crate::conformance_tests!(@each $target;
             mutual_exclusion, try_and_wait, own_grant_only, fencing_tokens,
-            validity_deadline, watchdog, cancellation, bad_input);
+            validity_deadline, watchdog, cancellation, bad_input, primitives);
     };
     (@each $target:path; $($check:ident),+) => {
         $(
