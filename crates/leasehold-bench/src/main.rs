@@ -5,7 +5,7 @@
 //! ```text
 //! scripts/services up
 //! cargo run --release -p leasehold-bench -- perf --out docs/bench
-//! cargo run --release -p leasehold-bench -- safety --runs 10 --out docs/bench
+//! cargo run --release -p leasehold-bench -- safety --runs 20 --out docs/bench
 //! ```
 //!
 //! Two subcommands over one set of subjects ([`subjects`]) and one report pipeline
