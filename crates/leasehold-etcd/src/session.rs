@@ -126,13 +126,29 @@ impl Session {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Why the lease is gone, if it is.
+    /// Why the lease is gone, if it is. Past its TTL since the last acknowledgement it is
+    /// gone for good: see [`expire`](Self::expire).
     pub(crate) fn lost_reason(&self) -> Option<Arc<str>> {
         if let Some(r) = self.lost.borrow().clone() {
             return Some(r);
         }
-        let expires = self.expires_at();
-        (Instant::now() >= expires).then(|| Arc::from("the lease's TTL ran out unrenewed"))
+        if Instant::now() < self.expires_at() {
+            return None;
+        }
+        self.expire("the lease's TTL ran out unrenewed");
+        self.lost.borrow().clone()
+    }
+
+    /// The lease's TTL since the last acknowledged keep-alive has run out: the server may have
+    /// expired it, so every grant on it is lost, for good. A keep-alive already on its way may
+    /// still renew it on the server, and an acknowledgement that comes late must not bring it
+    /// back: grants on it have been told they are lost, and releases of them answered that
+    /// their key went with the lease. So the lease is revoked in the background, and its keys
+    /// go now rather than a TTL after that late renewal.
+    fn expire(&self, reason: &str) {
+        if self.lose(reason) {
+            spawn_revoke(self.lease.clone(), self.id);
+        }
     }
 
     /// Whether the lease is gone (lost, closed, or past its TTL since the last acknowledgement).
@@ -151,7 +167,7 @@ impl Session {
             tokio::select! {
                 changed = rx.changed() => if changed.is_err() { return },
                 () = tokio::time::sleep_until(expires) => {
-                    if Instant::now() >= self.expires_at() { return }
+                    if self.lost_reason().is_some() { return }
                 }
             }
         }
@@ -181,8 +197,9 @@ impl Session {
         self.replan.notify_one();
     }
 
-    /// Marks the lease lost and fires the lost signal of every grant on it. Idempotent.
-    pub(crate) fn lose(&self, reason: impl Into<Arc<str>>) {
+    /// Marks the lease lost and fires the lost signal of every grant on it. Idempotent: true
+    /// the first time.
+    pub(crate) fn lose(&self, reason: impl Into<Arc<str>>) -> bool {
         let reason: Arc<str> = reason.into();
         let first = self.lost.send_if_modified(|r| {
             if r.is_some() {
@@ -192,29 +209,37 @@ impl Session {
             true
         });
         if !first {
-            return;
+            return false;
         }
         tracing::warn!(lease = %format_args!("{:x}", self.id), %reason, "leasehold.lost: etcd lease");
         let monitors = std::mem::take(&mut self.state().monitors);
         for (m, _) in monitors {
             m.lost(Arc::clone(&reason));
         }
+        true
     }
 
     /// Stops keeping the lease alive and revokes it in the background (a released per-lock
     /// lease). Its grant is being released, so it is not told of a loss.
     pub(crate) fn close(&self) {
         self.state().monitors.clear();
-        self.lose("the lease was revoked on release");
-        spawn_revoke(self.lease.clone(), self.id);
+        if self.lose("the lease was revoked on release") {
+            spawn_revoke(self.lease.clone(), self.id);
+        }
     }
 
-    /// A keep-alive was acknowledged with `ttl`: renew every grant.
+    /// A keep-alive was acknowledged with `ttl`: renew every grant, unless the lease has
+    /// [expired](Self::expire) meanwhile.
     fn acked(&self, sent: Instant, ttl: Duration) {
         if self.lost.borrow().is_some() {
             return;
         }
         let mut state = self.state();
+        if Instant::now() >= state.last_ack + self.ttl {
+            drop(state);
+            self.expire("the lease's TTL ran out before a keep-alive was acknowledged");
+            return;
+        }
         state.last_ack = sent;
         state.monitors.retain(|(m, cap)| {
             // `renewed` returns false once the lease is gone or lost: stop watching it.
@@ -303,7 +328,7 @@ async fn keep_alive(
         let expires = s.expires_at();
         let now = Instant::now();
         if now >= expires {
-            s.lose("keep-alive failed until the lease's TTL ran out");
+            s.expire("keep-alive failed until the lease's TTL ran out");
             return;
         }
         let limit = timeout.min(expires - now).max(Duration::from_millis(1));

@@ -74,7 +74,7 @@ struct Burst {
 async fn burst(locker: &Locker, snapshotter: &Snapshotter) -> Burst {
     let t0 = Instant::now();
     let leases = take_all(locker, |l, key| async move {
-        l.acquire(key, Duration::from_secs(20)).await.map(Some)
+        l.acquire(key, Duration::from_secs(60)).await.map(Some)
     })
     .await;
     assert_eq!(leases.len(), LEASES);
@@ -150,10 +150,22 @@ async fn a_burst_release_through_too_many_requests_leaves_no_lock_held() {
             b.failed
         );
         // `gone` is not bounded: a retry after a timeout finds the key its first attempt
-        // deleted once the member resumed. The session outlives the freeze (TTL 5 s, kept
-        // alive), so no key went with it.
+        // deleted once the member resumed. On two loaded cores the member may also leave the
+        // session's keep-alive unanswered past its TTL (5 s): then the session is lost for
+        // good, releases that could not delete answer that their key went with it, and the
+        // session lease is revoked — so its keys go at once, and within its TTL at the latest
+        // (no keep-alive renews it any more). Either way no key outlives our view of the
+        // session.
         assert_eq!(b.given_up, 0);
-        assert_eq!(common::count(&raw, &prefix).await.unwrap(), 0, "keys left");
+        let deadline = Instant::now() + common::SESSION_TTL + Duration::from_secs(5);
+        loop {
+            let left = common::count(&raw, &prefix).await.unwrap();
+            if left == 0 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{left} keys left");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
         if b.retries > 0 {
             refused = true;
             break;
