@@ -80,8 +80,10 @@ async fn isolating_the_leader_ends_its_holders_lease_and_no_one_else_gets_it_fir
         .expect("a free lock");
     let old = lease.fencing_token().expect("etcd mints tokens");
     resource.write("job", old).expect("the first write");
-    let sent = net.tx_packets(node).unwrap();
     net.cut(node).unwrap();
+    // Read once the link is down: the members exchange heartbeats all the time, so a count
+    // read before the cut may miss packets sent in between.
+    let sent = net.tx_packets(node).unwrap();
     let t0 = Instant::now();
     let signal = lease.lost();
     let told = tokio::spawn(async move {
