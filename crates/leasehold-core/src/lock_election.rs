@@ -82,16 +82,7 @@ impl LockElection {
                     .await
             }
         };
-        match outcome {
-            Ok(()) => Ok(grant),
-            Err(e) => {
-                let held = Held::new(req.key, req.owner, grant.fencing, grant.state.as_deref());
-                if let Err(r) = self.locks.release(held).await {
-                    tracing::debug!(error = %r, "leasehold.election: give-back failed");
-                }
-                Err(e)
-            }
-        }
+        self.keep_if(req, grant, outcome).await
     }
 }
 

@@ -38,6 +38,25 @@ pub trait View: Send + Sync + fmt::Debug + 'static {
     /// The backend that keeps this view's grants.
     fn grants(&self) -> &Self::Grants;
 
+    /// Keeps `grant`, just taken for `req`, when what the view did after taking it (`done`)
+    /// worked; otherwise gives it back to [`grants`](View::grants) (a failed give-back is left
+    /// to the grant's TTL or session) and fails with `done`'s error.
+    async fn keep_if(
+        &self,
+        req: &LockRequest<'_>,
+        grant: Grant,
+        done: Result<(), Error>,
+    ) -> Result<Grant, Error> {
+        let Err(e) = done else {
+            return Ok(grant);
+        };
+        let held = Held::new(req.key, req.owner, grant.fencing, grant.state.as_deref());
+        if let Err(r) = self.grants().release(held).await {
+            tracing::debug!(error = %r, "leasehold: a view's give-back failed");
+        }
+        Err(e)
+    }
+
     /// The view's capabilities, before semaphores and elections are cleared: by default those of
     /// [`grants`](View::grants).
     fn capabilities(&self) -> Capabilities {

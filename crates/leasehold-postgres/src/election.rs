@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold_core::{
-    Candidate, ElectionBackend, Error, Grant, Held, HolderInfo, Leader, LockBackend, LockKey,
+    Candidate, ElectionBackend, Error, Grant, HolderInfo, Leader, LockBackend, LockKey,
     LockRequest, View, Waited, async_trait, poll_leader,
 };
 use tokio::sync::OnceCell;
@@ -135,16 +135,7 @@ impl<B: Advisory> PgElection<B> {
                 "the leadership's session or term is missing",
             )),
         };
-        match written {
-            Ok(()) => Ok(grant),
-            Err(e) => {
-                let held = Held::new(req.key, req.owner, grant.fencing, grant.state.as_deref());
-                if let Err(r) = self.backend.release(held).await {
-                    tracing::debug!(error = %r, "leasehold-postgres: give-back failed");
-                }
-                Err(e)
-            }
-        }
+        self.keep_if(req, grant, written).await
     }
 }
 
