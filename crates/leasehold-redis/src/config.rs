@@ -623,7 +623,9 @@ impl RedlockConfig {
     }
 
     /// Bounds every request to one node. Default: `ttl / 200`, between 5 ms and 50 ms (the
-    /// Redlock text suggests 5–50 ms for a 10 s TTL); never more than the validity left.
+    /// Redlock text suggests 5–50 ms for a 10 s TTL); never more than the validity left. A
+    /// batch of renewals (thousands of keys per node) waits for each node at least `ttl / 10`,
+    /// a release at least 1 s: they come in bursts, and waiting costs them only time.
     pub fn with_node_timeout(mut self, timeout: Duration) -> Self {
         self.node_timeout = Some(timeout);
         self

@@ -41,7 +41,7 @@
 //! | `fence_ttl_ms=N` | fence counters expire N ms after their key's latest acquisition (see [what keys leave behind](#what-keys-leave-behind)); not for `redlock://` | kept for ever |
 //! | `sentinel_user=U`, `sentinel_password=P` | `redis+sentinel://` only: the sentinels' login (the URL's userinfo is the master's) | none |
 //! | `replica_sync=N`, `replica_sync_timeout_ms=T` | [replica-sync check](#the-replica-sync-check): a grant counts once `N` replicas have it, waiting up to `T` ms; not for `redis-cluster://` or `redlock://` | off; 200 |
-//! | `node_timeout_ms=N` | `redlock://` only: bound on each request to one node | `ttl / 200`, within 5–50 |
+//! | `node_timeout_ms=N` | `redlock://` only: bound on each request to one node (renewal batches: at least `ttl / 10`; releases: at least 1 s) | `ttl / 200`, within 5–50 |
 //! | `connect_timeout_ms=N` | `redlock://`: each node's connect timeout | 1000 |
 //! | `min_validity_ms=N` | `redlock://` only: validity an acquisition must have left | 1 |
 //! | redis-rs's own (`protocol`, `db`, …) | passed to redis-rs | |

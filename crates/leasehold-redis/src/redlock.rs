@@ -286,6 +286,18 @@ impl RedlockBackend {
             .max(Duration::from_millis(1))
     }
 
+    /// The per-node bound for requests whose waiting costs nothing but time: a batch of
+    /// renewals of leases of at least `ttl` (its validity counts from before it was sent) and
+    /// a release. The [per-node timeout](Self::node_timeout), or a tenth of `ttl` if longer.
+    /// These come in bursts (a batch of up to 2,000 keys in chunks, thousands of releases at
+    /// once) that queue behind each other on a node's one connection, so a bound fit for one
+    /// key's acquisition fails them on a loaded machine: whole batches, and their leases at
+    /// their deadlines; and releases that, retried, load the nodes further. A dead node costs
+    /// each of them that wait at most, and only when the others do not decide without it.
+    fn patient_timeout(&self, ttl: Duration) -> Duration {
+        self.node_timeout(ttl).max(ttl / 10)
+    }
+
     /// How long a background release may keep trying (the key expires by itself after `ttl`).
     fn release_bound(ttl: Duration) -> Duration {
         ttl.clamp(Duration::from_millis(100), Duration::from_secs(10))
@@ -450,7 +462,7 @@ impl LockBackend for RedlockBackend {
         let owner = held.owner.clone();
         // Releases are not bounded by the acquisition TTL (unknown here): a generous bound.
         let bound = Duration::from_secs(10);
-        let per_node = self.node_timeout(Duration::from_secs(10));
+        let per_node = self.patient_timeout(bound);
         let round = held.state::<Round>();
         let mut i = 0;
         let mut rx = self.spawn_all(per_node, bound, |node| {
@@ -501,9 +513,9 @@ impl LockBackend for RedlockBackend {
         let Some(shortest) = reqs.iter().map(|r| r.ttl).min() else {
             return Vec::new();
         };
-        // Every node at once, each script call bounded by the per-node timeout. A key a node
+        // Every node at once, each script call bounded by the patient timeout. A key a node
         // lost (restarted empty, or released meanwhile) is not set again: see `extend`.
-        let per_node = self.node_timeout(shortest);
+        let per_node = self.patient_timeout(shortest);
         let prefix = &self.inner.config.prefix;
         let all: Vec<_> = reqs.iter().map(|r| names(prefix, r.held.key)).collect();
         let answers = join_all(
