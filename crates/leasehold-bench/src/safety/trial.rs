@@ -43,13 +43,19 @@ pub(super) async fn contend(b: &Client, key: &str, until: Instant) -> bool {
 }
 
 /// A takes the free lock and writes once. A fault while taking it (a node that answers more
-/// slowly than Redlock's per-node timeout, on a busy machine) is retried a few times: the
+/// slowly than Redlock's per-node timeout, on a busy machine) is retried for a few seconds,
+/// and so is `Busy` once an attempt has failed: the failed attempt's keys on the nodes that
+/// answered late hold the lock until its give-back (in the background) or their TTL. The
 /// trial starts only once A holds the lock.
 pub(super) async fn a_takes(a: &Client, key: &str) -> Result<(), BoxError> {
-    let mut last = Acquired::Failed;
-    for _ in 0..10 {
+    let until = Instant::now() + Duration::from_secs(5);
+    let mut failed = false;
+    let mut last;
+    loop {
         last = a.acquire(key).await;
-        if last != Acquired::Failed {
+        failed |= last == Acquired::Failed;
+        let again = last == Acquired::Failed || (failed && last == Acquired::Busy);
+        if !again || Instant::now() >= until {
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
