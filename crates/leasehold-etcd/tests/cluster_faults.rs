@@ -8,6 +8,7 @@ mod common;
 use std::time::Duration;
 
 use leasehold_etcd::LeaseMode;
+use leasehold_test_support::etcd::leader_index;
 use leasehold_test_support::require_service;
 use leasehold_test_support::services::{self, Endpoints, NodeAction, Service};
 use tokio::time::{Instant, sleep, timeout};
@@ -37,32 +38,10 @@ impl Drop for Restore {
 
 /// The node name of the current leader (endpoints are in etcd-c1..3 order).
 async fn leader(ep: &Endpoints) -> &'static str {
-    for _ in 0..50 {
-        let mut ids = Vec::new();
-        let mut leader_id = None;
-        for url in ep.urls() {
-            let Ok(mut c) = etcd_client::Client::connect([url.as_str()], None).await else {
-                ids.push(None);
-                continue;
-            };
-            match c.status().await {
-                Ok(s) => {
-                    ids.push(s.header().map(|h| h.member_id()));
-                    if s.leader() != 0 {
-                        leader_id = Some(s.leader());
-                    }
-                }
-                Err(_) => ids.push(None),
-            }
-        }
-        if let Some(l) = leader_id
-            && let Some(i) = ids.iter().position(|id| *id == Some(l))
-        {
-            return NODES[i];
-        }
-        sleep(Duration::from_millis(200)).await;
-    }
-    panic!("no etcd cluster leader found")
+    let i = leader_index(ep.urls())
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    NODES[i]
 }
 
 async fn ctl(node: &str, action: NodeAction) {

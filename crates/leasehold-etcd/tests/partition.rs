@@ -10,36 +10,10 @@ mod common;
 use std::time::Duration;
 
 use leasehold_etcd::{EtcdBackend, EtcdConfig, LeaseMode};
+use leasehold_test_support::etcd::leader_index;
 use leasehold_test_support::fence::FencedResource;
 use leasehold_test_support::netns::Net;
 use tokio::time::{Instant, sleep, timeout};
-
-/// The index (0-based, endpoint order) of the member that every member agrees leads.
-async fn leader(endpoints: &[String]) -> usize {
-    for _ in 0..100 {
-        let mut ids = Vec::new();
-        let mut leaders = Vec::new();
-        for ep in endpoints {
-            let status = match etcd_client::Client::connect([ep.as_str()], None).await {
-                Ok(mut c) => c.status().await.ok(),
-                Err(_) => None,
-            };
-            ids.push(
-                status
-                    .as_ref()
-                    .and_then(|s| s.header())
-                    .map(|h| h.member_id()),
-            );
-            leaders.push(status.map(|s| s.leader()).unwrap_or(0));
-        }
-        let agreed = leaders[0] != 0 && leaders.iter().all(|l| *l == leaders[0]);
-        if agreed && let Some(i) = ids.iter().position(|id| *id == Some(leaders[0])) {
-            return i;
-        }
-        sleep(Duration::from_millis(200)).await;
-    }
-    panic!("the etcd cluster in the namespaces elected no leader")
-}
 
 async fn backend(endpoints: Vec<String>, prefix: &str) -> EtcdBackend {
     let cfg = EtcdConfig::new(endpoints)
@@ -60,7 +34,9 @@ async fn isolating_the_leader_ends_its_holders_lease_and_no_one_else_gets_it_fir
         .etcd_cluster()
         .await
         .unwrap_or_else(|e| panic!("etcd in namespaces: {e}"));
-    let lead = leader(&endpoints).await;
+    let lead = leader_index(&endpoints)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     let node = lead + 1;
     let followers: Vec<String> = (0..3)
         .filter(|i| *i != lead)

@@ -1,6 +1,6 @@
 //! Dev-only test support for leasehold: where the real services are ([`services`]), a
 //! fault-injecting TCP proxy ([`proxy`]), PostgreSQL administration ([`postgres`]: inspect and
-//! end the sessions holding a lock), a fenced resource ([`fence`]), the set-up driver tests
+//! end the sessions holding a lock), etcd's leader ([`etcd`]), a fenced resource ([`fence`]), the set-up driver tests
 //! share ([`harness`]), captured log lines ([`logs`]), real network partitions in Linux network
 //! namespaces ([`netns`]) and the [`conformance`] suite that every backend's tests run.
 //!
@@ -8,6 +8,7 @@
 //! written twice.
 
 pub mod conformance;
+pub mod etcd;
 pub mod fence;
 pub mod harness;
 pub mod logs;

@@ -4,9 +4,9 @@
 
 use std::path::Path;
 use std::process::Stdio;
-use std::time::Duration;
 
 use leasehold_postgres::{advisory_key, pg_locks_ids};
+use leasehold_test_support::etcd::leader_index;
 use leasehold_test_support::services::{self, NodeAction};
 
 use super::env::{ETCD_CLUSTER_NODES, Env, SAFETY_APP, SAFETY_CLOCK_VAR, opt};
@@ -113,41 +113,11 @@ pub(super) async fn revoke(endpoints: &[String], key: &str) -> Result<(), BoxErr
 
 /// The node name of the etcd cluster's leader (endpoints in etcd-c1..3 order).
 pub(super) async fn etcd_leader(endpoints: &[String]) -> Result<&'static str, BoxError> {
-    let i = etcd_leader_index(endpoints).await?;
+    let i = leader_index(endpoints).await?;
     ETCD_CLUSTER_NODES
         .get(i)
         .copied()
         .ok_or_else(|| format!("leader #{i} is not one of {ETCD_CLUSTER_NODES:?}").into())
-}
-
-/// The index in `endpoints` of the member that leads (once one does and says so).
-pub(super) async fn etcd_leader_index(endpoints: &[String]) -> Result<usize, BoxError> {
-    for _ in 0..100 {
-        let mut ids = Vec::new();
-        let mut leader = None;
-        for ep in endpoints {
-            let status = match etcd_client::Client::connect([ep.as_str()], None).await {
-                Ok(mut c) => c.status().await.ok(),
-                Err(_) => None,
-            };
-            ids.push(
-                status
-                    .as_ref()
-                    .and_then(|s| s.header())
-                    .map(|h| h.member_id()),
-            );
-            if let Some(l) = status.map(|s| s.leader()).filter(|l| *l != 0) {
-                leader = Some(l);
-            }
-        }
-        if let Some(l) = leader
-            && let Some(i) = ids.iter().position(|id| *id == Some(l))
-        {
-            return Ok(i);
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    Err("no etcd cluster leader found".into())
 }
 
 #[cfg(test)]

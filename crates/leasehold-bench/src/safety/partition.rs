@@ -16,11 +16,11 @@
 
 use std::time::{Duration, Instant};
 
+use leasehold_test_support::etcd::leader_index;
 use leasehold_test_support::netns::Net;
 
 use super::check::Acquired;
 use super::env::{Spec, Timing};
-use super::faults::etcd_leader_index;
 use super::trial::{Pair, Run, a_takes, contend};
 use crate::harness::BoxError;
 
@@ -60,7 +60,7 @@ async fn specs(net: &Net, backend: &str) -> Result<(Spec, Spec, Cut), BoxError> 
         "etcd" => {
             let endpoints = net.etcd_cluster().await?;
             let urls: Vec<String> = endpoints.iter().map(|e| format!("http://{e}")).collect();
-            let lead = etcd_leader_index(&urls).await?;
+            let lead = leader_index(&urls).await?;
             let spec = |endpoints| Spec::Etcd {
                 endpoints,
                 session: Duration::from_secs(2),
