@@ -3,29 +3,18 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::fs;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
-use leasehold_core::{LockKey, LockOptions, Locker, Renewal};
+use leasehold_core::{LockOptions, Locker, Renewal};
 use leasehold_file::{FileBackend, FileConfig};
 
-fn fresh(name: &str) -> PathBuf {
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or_default();
-    std::env::temp_dir().join(format!(
-        "leasehold-prune-{name}-{}-{nanos}",
-        std::process::id()
-    ))
-}
-
-fn key(k: &str) -> LockKey {
-    LockKey::new(k).unwrap()
-}
+use common::{fresh, key};
 
 fn names(dir: &PathBuf) -> Vec<String> {
     let mut v: Vec<String> = fs::read_dir(dir)

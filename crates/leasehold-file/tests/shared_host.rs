@@ -6,34 +6,22 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt, symlink};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
-use leasehold_core::{ErrorKind, LockKey, Locker};
+use leasehold_core::{ErrorKind, Locker};
 use leasehold_file::{FileBackend, FileConfig};
+
+use common::{fresh, key};
 
 const NOBODY: u32 = 65534;
 
 fn euid() -> u32 {
     nix::unistd::geteuid().as_raw()
-}
-
-/// A fresh path under the temporary folder (not created).
-fn fresh(name: &str) -> PathBuf {
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or_default();
-    std::env::temp_dir().join(format!(
-        "leasehold-file-{name}-{}-{nanos}",
-        std::process::id()
-    ))
-}
-
-fn key(k: &str) -> LockKey {
-    LockKey::new(k).unwrap()
 }
 
 fn chown(path: &Path, uid: u32) {
