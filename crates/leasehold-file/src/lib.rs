@@ -82,8 +82,10 @@
 //! [`prune_key`](FileBackend::prune_key)) deletes the `.lock` files nobody holds: it locks each
 //! (`LOCK_EX|LOCK_NB`, skipping held ones), checks that the path still names the file it locked,
 //! and unlinks it while holding the lock; an acquirer that opened the old file makes the same
-//! check after locking and opens the path again, so no two holders follow. `.fence` files are
-//! **kept**: deleting one restarts the key's tokens at 1. Do not prune a folder in which
+//! check after locking and opens the path again, so no two holders follow. Free semaphore slot
+//! files (`<name>~sem<i>.lock`, see [`FilePermits`]) go the same way. `.fence` files (a
+//! semaphore's `~sem.fence` too) and a semaphore's `~sem.limit` file are **kept**: deleting a
+//! fence file restarts the key's tokens at 1. Do not prune a folder in which
 //! `flock(1)` or another tool that skips that check takes locks.
 //!
 //! # What it does not guarantee

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use leasehold_core::{LockOptions, Locker, Renewal};
+use leasehold_core::{LockOptions, Locker, Renewal, Semaphore};
 use leasehold_file::{FileBackend, FileConfig};
 
 use common::{fresh, key};
@@ -61,6 +61,49 @@ async fn prune_deletes_free_lock_files_and_keeps_fences_and_held_locks() {
     assert!(backend.prune_key(&key("a")).await.unwrap());
     assert!(!dir.join("a.lock").exists() && dir.join("a.fence").exists());
     assert!(held.release().await.unwrap());
+    fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A semaphore's free slot files go with a prune; its held slots, fence and limit files stay,
+/// and its tokens go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prune_deletes_free_permit_slots_and_keeps_held_ones_fence_and_limit() {
+    let dir = fresh("permits");
+    let backend = FileBackend::new(FileConfig::new(&dir)).unwrap();
+    let sem = Semaphore::new(backend.clone(), 2).unwrap();
+    let kept = sem.try_acquire("s").await.unwrap().expect("a free permit");
+    let freed = sem.try_acquire("s").await.unwrap().expect("a free permit");
+    let last = freed.fencing_token().unwrap();
+    assert!(freed.release().await.unwrap());
+    let slots = |names: &[String]| {
+        names
+            .iter()
+            .filter(|n| n.starts_with("s~sem") && n.ends_with(".lock"))
+            .count()
+    };
+    assert_eq!(slots(&names(&dir)), 2);
+
+    let pruned = backend.prune().await.unwrap();
+    assert_eq!((pruned.removed, pruned.held, pruned.failed), (1, 1, 0));
+    let left = names(&dir);
+    assert_eq!(slots(&left), 1, "{left:?}");
+    assert!(
+        left.contains(&"s~sem.fence".to_owned()) && left.contains(&"s~sem.limit".to_owned()),
+        "{left:?}"
+    );
+    // The held permit still excludes: one more is free, not two.
+    assert!(!kept.is_lost());
+    let again = sem
+        .try_acquire("s")
+        .await
+        .unwrap()
+        .expect("the freed permit");
+    assert!(again.fencing_token().unwrap() > last);
+    assert!(
+        sem.try_acquire("s").await.unwrap().is_none(),
+        "only 2 permits"
+    );
+    assert!(again.release().await.unwrap() && kept.release().await.unwrap());
     fs::remove_dir_all(&dir).unwrap();
 }
 
