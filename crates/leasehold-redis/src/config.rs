@@ -10,7 +10,7 @@ use crate::keys::{DEFAULT_PREFIX, check_prefix};
 use crate::options::{
     ALLOW_PLAINTEXT_PASSWORD, CA, CONNECT_TIMEOUT_MS, FAIR_QUEUE_MS, FENCE_TTL_MS, MIN_VALIDITY_MS,
     NODE_TIMEOUT_MS, PREFIX, REDIS_OPTIONS, REDLOCK_OPTIONS, REPLICA_SYNC, REPLICA_SYNC_TIMEOUT_MS,
-    RESPONSE_TIMEOUT_MS, SENTINEL_OPTIONS, SENTINEL_PASSWORD, SENTINEL_USER, UrlOptions,
+    RESPONSE_TIMEOUT_MS, SENTINEL_ONLY_OPTIONS, SENTINEL_PASSWORD, SENTINEL_USER, UrlOptions,
     WAIT_INITIAL_MS, WAIT_MAX_MS,
 };
 use crate::sentinel::{SENTINEL_SCHEMES, SentinelTarget};
@@ -297,12 +297,9 @@ impl RedisConfig {
         let sentinel = SENTINEL_SCHEMES
             .iter()
             .any(|s| url.strip_prefix(s).is_some_and(|r| r.starts_with("://")));
-        let names = if sentinel {
-            SENTINEL_OPTIONS
-        } else {
-            REDIS_OPTIONS
-        };
-        let (url, options) = UrlOptions::take(REDIS, url, names)?;
+        let only: &[&str] = if sentinel { SENTINEL_ONLY_OPTIONS } else { &[] };
+        let names: Vec<&str> = REDIS_OPTIONS.iter().chain(only).copied().collect();
+        let (url, options) = UrlOptions::take(REDIS, url, &names)?;
         let url = url.as_str();
         let cluster = ["redis-cluster://", "rediss-cluster://"]
             .into_iter()

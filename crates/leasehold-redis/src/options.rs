@@ -25,23 +25,9 @@ pub(crate) const REDIS_OPTIONS: &[&str] = &[
     REPLICA_SYNC_TIMEOUT_MS,
 ];
 
-/// Options of `redis+sentinel://` and `rediss+sentinel://` URLs: those of one server, and the
-/// sentinels' own login.
-pub(crate) const SENTINEL_OPTIONS: &[&str] = &[
-    PREFIX,
-    CA,
-    FAIR_QUEUE_MS,
-    CONNECT_TIMEOUT_MS,
-    RESPONSE_TIMEOUT_MS,
-    WAIT_INITIAL_MS,
-    WAIT_MAX_MS,
-    SENTINEL_USER,
-    SENTINEL_PASSWORD,
-    REPLICA_SYNC,
-    REPLICA_SYNC_TIMEOUT_MS,
-    ALLOW_PLAINTEXT_PASSWORD,
-    FENCE_TTL_MS,
-];
+/// Options that only `redis+sentinel://` and `rediss+sentinel://` URLs take, besides
+/// [`REDIS_OPTIONS`]: the sentinels' own login.
+pub(crate) const SENTINEL_ONLY_OPTIONS: &[&str] = &[SENTINEL_USER, SENTINEL_PASSWORD];
 
 /// Options of `redlock://` URLs.
 pub(crate) const REDLOCK_OPTIONS: &[&str] = &[
