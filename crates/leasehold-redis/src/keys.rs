@@ -25,6 +25,7 @@ const FENCE: &str = ":fence";
 const CHANNEL: &str = ":released";
 const QUEUE: &str = ":queue";
 const WAITERS: &str = ":waiters";
+const WAITING: &str = ":waiting";
 
 impl Names {
     pub(crate) fn new(prefix: &str, key: &LockKey) -> Self {
@@ -60,6 +61,12 @@ impl Names {
     /// Fair mode: owner value → server time (ms) until which that waiter counts as alive.
     pub(crate) fn waiters(&self) -> Derived<'_> {
         self.derived(WAITERS)
+    }
+
+    /// Plain mode: set (with a short TTL) by a waiter whose attempt found the lock held; a
+    /// release publishes a wake-up only while it exists.
+    pub(crate) fn waiting(&self) -> Derived<'_> {
+        self.derived(WAITING)
     }
 
     fn derived(&self, suffix: &'static str) -> Derived<'_> {
@@ -120,6 +127,7 @@ mod tests {
         assert_eq!(n.channel().to_string(), "leasehold:{jobs/nightly}:released");
         assert_eq!(n.queue().to_string(), "leasehold:{jobs/nightly}:queue");
         assert_eq!(n.waiters().to_string(), "leasehold:{jobs/nightly}:waiters");
+        assert_eq!(n.waiting().to_string(), "leasehold:{jobs/nightly}:waiting");
         // Written into a command, a derived name is one argument with the same bytes.
         let mut args: Vec<Vec<u8>> = Vec::new();
         n.fence().write_redis_args(&mut args);

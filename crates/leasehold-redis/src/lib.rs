@@ -153,6 +153,7 @@ mod redlock;
 mod renew;
 mod scripts;
 mod single;
+mod wake;
 
 use leasehold_core::Error;
 use leasehold_core::driver::{Driver, Opening, Target, connecting, ready};

@@ -12,7 +12,9 @@ use redis::{Client, Cmd, FromRedisValue, Pipeline, RedisError, RedisFuture, Scri
 use tokio::sync::OnceCell;
 
 use crate::keys::Names;
-use crate::scripts::{ACQUIRE_FAIR, ACQUIRE_FENCED, EXTEND_MANY, EXTEND_MANY_CROSS_SLOT, RELEASE};
+use crate::scripts::{
+    ACQUIRE_FAIR, ACQUIRE_FENCED, ACQUIRE_OR_WAIT, EXTEND_MANY, EXTEND_MANY_CROSS_SLOT, RELEASE,
+};
 
 /// What one `SET NX` found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -122,8 +124,17 @@ impl Node {
             .map_err(|e| self.error(&e, "connect"))
     }
 
-    /// `SET lock owner NX PX ttl`, and with `fenced`, `INCR` of the fence counter in the same
-    /// script: one round trip either way.
+    /// `SET lock owner NX PX ttl`, and with `fenced`, `INCR` of the fence counter: one round
+    /// trip either way.
+    ///
+    /// On one server the fenced form is the two plain commands pipelined on the shared
+    /// connection, the cheapest way to mint the token (a script or a `MULTI` / `EXEC` costs the
+    /// server several times an `INCR`). The `INCR` runs whether or not the `SET` took the lock
+    /// (tokens skip numbers, never go back). Tokens still follow the order of grants: another
+    /// client's `SET` can come between ours and our `INCR` only once our key is gone, and our
+    /// key can only be gone by expiring (only we know the owner value), so our answer then
+    /// arrives more than the TTL after we sent the request: past the grant's validity, which
+    /// the `Locker` never hands out. A Redis Cluster runs [`ACQUIRE_FENCED`] (one script).
     pub(crate) async fn take(
         &self,
         names: &Names,
@@ -132,31 +143,69 @@ impl Node {
         fenced: bool,
     ) -> Result<Taken, Error> {
         let ms = ttl_ms(ttl);
-        if fenced {
+        let mut set = redis::cmd("SET");
+        set.arg(names.lock())
+            .arg(owner.as_str())
+            .arg("NX")
+            .arg("PX")
+            .arg(ms);
+        if fenced && self.is_cluster() {
             let mut cmd = evalsha(&ACQUIRE_FENCED, 2, 2);
             cmd.arg(names.lock())
                 .arg(names.fence())
                 .arg(owner.as_str())
                 .arg(ms);
             let token: Option<u64> = self.eval(&ACQUIRE_FENCED, &cmd, "acquire").await?;
-            Ok(token.map_or(Taken::Held, |t| Taken::Granted(Some(FencingToken::new(t)))))
-        } else {
-            let mut conn = self.conn().await?;
-            let set: Option<String> = redis::cmd("SET")
-                .arg(names.lock())
-                .arg(owner.as_str())
-                .arg("NX")
-                .arg("PX")
-                .arg(ms)
+            return Ok(token.map_or(Taken::Held, |t| Taken::Granted(Some(FencingToken::new(t)))));
+        }
+        let mut conn = self.conn().await?;
+        if fenced {
+            let mut tx = redis::pipe();
+            tx.add_command(set).cmd("INCR").arg(names.fence());
+            let (taken, token): (Option<redis::Value>, u64) = tx
                 .query_async(&mut conn)
                 .await
                 .map_err(|e| self.error(&e, "acquire"))?;
-            Ok(if set.is_some() {
-                Taken::Granted(None)
-            } else {
-                Taken::Held
-            })
+            return Ok(match taken {
+                Some(redis::Value::Nil) | None => Taken::Held,
+                Some(_) => Taken::Granted(Some(FencingToken::new(token))),
+            });
         }
+        let taken: Option<redis::Value> = set
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.error(&e, "acquire"))?;
+        Ok(match taken {
+            Some(redis::Value::Nil) | None => Taken::Held,
+            Some(_) => Taken::Granted(None),
+        })
+    }
+
+    /// A waiting attempt in plain mode: `SET NX PX` (and with `fenced` the token), or, when the
+    /// lock is held, the waiter announces itself for `announce` (the release publishes a
+    /// wake-up only while some waiter has), in the same script: one round trip.
+    pub(crate) async fn take_or_wait(
+        &self,
+        names: &Names,
+        owner: &Owner,
+        ttl: Duration,
+        fenced: bool,
+        announce: Duration,
+    ) -> Result<Taken, Error> {
+        let mut cmd = evalsha(&ACQUIRE_OR_WAIT, 3, 4);
+        cmd.arg(names.lock())
+            .arg(names.fence())
+            .arg(names.waiting())
+            .arg(owner.as_str())
+            .arg(ttl_ms(ttl))
+            .arg(if fenced { "1" } else { "0" })
+            .arg(ttl_ms(announce));
+        let token: Option<u64> = self.eval(&ACQUIRE_OR_WAIT, &cmd, "acquire").await?;
+        Ok(match token {
+            None => Taken::Held,
+            Some(t) if fenced => Taken::Granted(Some(FencingToken::new(t))),
+            Some(_) => Taken::Granted(None),
+        })
     }
 
     /// Fair mode: take the lock if it is free and nobody is ahead of us in line; with `enqueue`,
@@ -182,8 +231,8 @@ impl Node {
         Ok(token.map_or(Taken::Held, |t| Taken::Granted(Some(FencingToken::new(t)))))
     }
 
-    /// Compare-and-delete, waking waiters on release; in fair mode also leaves the line. True if
-    /// our grant was there.
+    /// Compare-and-delete, waking waiters on release (only if some announced themselves); in
+    /// fair mode also leaves the line. True if our grant was there.
     pub(crate) async fn release(
         &self,
         names: &Names,
@@ -195,12 +244,14 @@ impl Node {
             let mut cmd = evalsha(&RELEASE, 4, 3);
             cmd.arg(names.lock())
                 .arg(names.channel())
-                .arg(names.queue())
-                .arg(names.waiters());
+                .arg(names.waiters())
+                .arg(names.queue());
             cmd
         } else {
-            let mut cmd = evalsha(&RELEASE, 2, 3);
-            cmd.arg(names.lock()).arg(names.channel());
+            let mut cmd = evalsha(&RELEASE, 3, 3);
+            cmd.arg(names.lock())
+                .arg(names.channel())
+                .arg(names.waiting());
             cmd
         };
         cmd.arg(owner.as_str())

@@ -9,7 +9,7 @@ use futures_util::future::join_all;
 use futures_util::stream::FuturesUnordered;
 use leasehold_core::async_trait;
 use leasehold_core::{
-    Capabilities, Error, ErrorKind, ExtendRequest, FencingKind, Grant, Held, HolderInfo,
+    Backoff, Capabilities, Error, ErrorKind, ExtendRequest, FencingKind, Grant, Held, HolderInfo,
     LockBackend, LockKey, LockRequest, NodeError, Owner, SafetyClass, Validity, WaitKind, Waited,
 };
 use redis::aio::ConnectionManagerConfig;
@@ -20,13 +20,25 @@ use crate::config::{REDLOCK as NAME, RedlockConfig};
 use crate::keys::Names;
 use crate::node::{Connector, Node, Taken, names};
 use crate::renew::extend_on;
+use crate::wake::{Subscription, WakeHub, pushes_to};
 
 /// What Redlock guarantees and supports: a constant, as
 /// [`LockBackend::capabilities`] requires.
 const CAPABILITIES: Capabilities =
     Capabilities::new(NAME, SafetyClass::Efficiency, FencingKind::None)
-        .with_wait(WaitKind::Poll)
+        .with_wait(WaitKind::Native)
         .with_ttl_range(Duration::from_millis(10), leasehold_core::DEFAULT_MAX_TTL);
+
+/// A waiter's fallback backoff, in case no release message comes (a holder that expired, a
+/// lost connection): it is woken by the nodes' release messages first.
+const WAIT_BACKOFF: Backoff = Backoff {
+    initial: Duration::from_millis(50),
+    max: Duration::from_secs(1),
+};
+
+/// How long a waiter's announcement on a node lives (each failed attempt renews it): past the
+/// longest fallback pause.
+const ANNOUNCE: Duration = Duration::from_secs(3);
 
 /// How long counting a node's keys (SCAN, for leak checks) may take beyond the connect timeout.
 const COUNT_BOUND: Duration = Duration::from_secs(5);
@@ -43,10 +55,20 @@ pub struct RedlockBackend {
 
 /// What clones share. `Debug` shows the node names and the configuration, passwords
 /// redacted.
-#[derive(Debug)]
 struct Inner {
     nodes: Vec<Arc<Node>>,
+    /// Per node, the routing of its release messages to local waiters.
+    hubs: Vec<Arc<WakeHub>>,
     config: RedlockConfig,
+}
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inner")
+            .field("nodes", &self.nodes)
+            .field("config", &self.config)
+            .finish()
+    }
 }
 
 /// The backend-private state of a Redlock grant: per node, whether the acquire request of the
@@ -213,11 +235,14 @@ impl RedlockBackend {
     /// Makes the backend; nodes connect lazily, so a node that is down now does not stop it, and
     /// a node that comes back is used again without rebuilding anything.
     pub fn new(config: RedlockConfig) -> Result<Self, Error> {
+        let hubs: Vec<Arc<WakeHub>> = config.servers.iter().map(|_| Arc::default()).collect();
         let nodes = config
             .servers
             .iter()
-            .map(|s| {
-                let client = s.client(NAME, s.info.clone(), config.tls_ca.as_deref())?;
+            .zip(&hubs)
+            .map(|(s, hub)| {
+                // RESP3: release messages are pushed on the node's shared connection.
+                let client = s.client(NAME, s.resp3(), config.tls_ca.as_deref())?;
                 // No response timeout of the client library: every request to a node is bounded
                 // by our own per-node timeout (or by the background bound of a give-back), and a
                 // second timer per request only costs instructions.
@@ -225,6 +250,7 @@ impl RedlockBackend {
                     .set_connection_timeout(Some(config.connect_timeout))
                     .set_response_timeout(None)
                     .set_number_of_retries(1);
+                let cm = pushes_to(cm, hub);
                 Ok(Node::new(
                     NAME,
                     Connector::Single(client, cm),
@@ -233,7 +259,11 @@ impl RedlockBackend {
             })
             .collect::<Result<Vec<_>, Error>>()?;
         Ok(Self {
-            inner: Arc::new(Inner { nodes, config }),
+            inner: Arc::new(Inner {
+                nodes,
+                hubs,
+                config,
+            }),
         })
     }
 
@@ -339,8 +369,13 @@ impl RedlockBackend {
         rx
     }
 
-    /// One Redlock acquisition round.
-    async fn acquire_round(&self, req: &LockRequest<'_>) -> Result<Option<Grant>, Error> {
+    /// One Redlock acquisition round; with `announce`, a waiter's: each node that finds the
+    /// lock held records that someone waits (for that long), so its release publishes.
+    async fn acquire_round(
+        &self,
+        req: &LockRequest<'_>,
+        announce: Option<Duration>,
+    ) -> Result<Option<Grant>, Error> {
         let names = names(&self.inner.config.prefix, req.key);
         let owner = req.owner.clone();
         let ttl = req.ttl;
@@ -365,7 +400,13 @@ impl RedlockBackend {
                 .map(|(i, (node, done))| {
                     let mut decision = decision.clone();
                     async move {
-                        let r = tokio::time::timeout(per_node, node.take(names, owner, ttl, false))
+                        let take = async {
+                            match announce {
+                                Some(a) => node.take_or_wait(names, owner, ttl, false, a).await,
+                                None => node.take(names, owner, ttl, false).await,
+                            }
+                        };
+                        let r = tokio::time::timeout(per_node, take)
                             .await
                             .map(|r| r.map(|t| matches!(t, Taken::Granted(_))));
                         // From here on no SET of this round can reach the node after a later
@@ -434,11 +475,58 @@ impl LockBackend for RedlockBackend {
     }
 
     async fn try_lock(&self, req: LockRequest<'_>) -> Result<Option<Grant>, Error> {
-        self.acquire_round(&req).await
+        self.acquire_round(&req, None).await
     }
 
-    async fn wait_lock(&self, _req: LockRequest<'_>, _deadline: Instant) -> Result<Waited, Error> {
-        Err(Error::no_native_wait(NAME, "Redlock has no native wait"))
+    /// Waits on the nodes' release messages: subscribed to the key's channel on every node it
+    /// can reach (the channel single-node Redis uses), each round announces the waiter on the
+    /// nodes that found the key held, and the first message from any node starts the next
+    /// round. A jittered backoff covers a message that never comes.
+    async fn wait_lock(&self, req: LockRequest<'_>, deadline: Instant) -> Result<Waited, Error> {
+        let channel = names(&self.inner.config.prefix, req.key)
+            .channel()
+            .to_string();
+        let per_node = self.node_timeout(req.ttl);
+        // A node that cannot subscribe now only wakes us late (by the backoff): left out.
+        let subs: Vec<Subscription> = join_all(self.inner.nodes.iter().zip(&self.inner.hubs).map(
+            |(node, hub)| tokio::time::timeout(per_node, Subscription::new(node, hub, &channel)),
+        ))
+        .await
+        .into_iter()
+        .filter_map(|r| r.ok().and_then(Result::ok))
+        .collect();
+        let mut attempts = 0u32;
+        loop {
+            let mut woken: Vec<_> = subs
+                .iter()
+                .map(|s| Box::pin(s.channel.notify.notified()))
+                .collect();
+            for w in &mut woken {
+                w.as_mut().enable();
+            }
+            attempts += 1;
+            let attempt =
+                LockRequest::new(req.key, req.owner, req.ttl, Instant::now(), req.monitor);
+            if let Some(grant) = self.acquire_round(&attempt, Some(ANNOUNCE)).await? {
+                return Ok(Waited::new(Some(grant), attempts));
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(Waited::new(None, attempts));
+            }
+            let fallback = WAIT_BACKOFF.delay(attempts).max(Duration::from_millis(1));
+            // The first message from any node (`select_all` needs at least one).
+            let any = async move {
+                if woken.is_empty() {
+                    std::future::pending::<()>().await;
+                }
+                futures_util::future::select_all(woken).await;
+            };
+            tokio::select! {
+                () = any => {}
+                () = tokio::time::sleep_until((now + fallback).min(deadline)) => {}
+            }
+        }
     }
 
     async fn release(&self, held: Held<'_>) -> Result<bool, Error> {

@@ -61,25 +61,51 @@ return false
     )
 });
 
-/// `KEYS[1]` lock, `KEYS[2]` wake-up channel, and in fair mode only `KEYS[3]` fair queue,
-/// `KEYS[4]` fair waiters;
-/// `ARGV[1]` owner, `ARGV[2]` `S` to publish on the sharded channel (Redis Cluster: the channel
-/// lives on the lock's slot), `ARGV[3]` `F` in fair mode (also leave the line, if queued).
-/// Deletes the lock only if it holds our owner value, then wakes waiters. 1 if deleted, else 0.
+/// A waiting acquire (plain mode, single node and Redlock). `KEYS[1]` lock, `KEYS[2]` fence
+/// counter, `KEYS[3]` waiting marker; `ARGV[1]` owner, `ARGV[2]` ttl in ms, `ARGV[3]` `1` to
+/// mint a fencing token, `ARGV[4]` how long (ms) the marker lives.
+///
+/// Sets the lock if absent and returns the next fencing token (0 unfenced); else announces the
+/// waiter (sets the marker, in the same atomic step as the failed attempt, so a release that
+/// follows always sees it) and returns nil.
+pub(crate) static ACQUIRE_OR_WAIT: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  if ARGV[3] == '1' then
+    return redis.call('INCR', KEYS[2])
+  end
+  return 0
+end
+redis.call('SET', KEYS[3], '1', 'PX', ARGV[4])
+return false
+",
+    )
+});
+
+/// `KEYS[1]` lock, `KEYS[2]` wake-up channel, `KEYS[3]` waiting marker (plain mode: the marker
+/// [`ACQUIRE_OR_WAIT`] sets; fair mode: the waiters set), and in fair mode only `KEYS[4]` fair
+/// queue; `ARGV[1]` owner, `ARGV[2]` `S` to publish on the sharded channel (Redis Cluster: the
+/// channel lives on the lock's slot), `ARGV[3]` `F` in fair mode (also leave the line, if
+/// queued).
+/// Deletes the lock only if it holds our owner value, then wakes waiters, if any announced
+/// themselves: with nobody waiting, a release publishes nothing. 1 if deleted, else 0.
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
 if ARGV[3] == 'F' then
-  if redis.call('ZREM', KEYS[4], ARGV[1]) == 1 then
-    redis.call('LREM', KEYS[3], 1, ARGV[1])
+  if redis.call('ZREM', KEYS[3], ARGV[1]) == 1 then
+    redis.call('LREM', KEYS[4], 1, ARGV[1])
   end
 end
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  if ARGV[2] == 'S' then
-    redis.call('SPUBLISH', KEYS[2], ARGV[1])
-  else
-    redis.call('PUBLISH', KEYS[2], ARGV[1])
+  if redis.call('EXISTS', KEYS[3]) == 1 then
+    if ARGV[2] == 'S' then
+      redis.call('SPUBLISH', KEYS[2], ARGV[1])
+    else
+      redis.call('PUBLISH', KEYS[2], ARGV[1])
+    end
   end
   return 1
 end

@@ -1,7 +1,6 @@
 //! [`RedisBackend`]: one Redis server, with a best-effort fencing counter and release wake-ups.
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -12,13 +11,13 @@ use leasehold_core::{
 };
 use redis::aio::ConnectionManagerConfig;
 use redis::cluster::ClusterClient;
-use redis::{ProtocolVersion, PushInfo, PushKind, Value};
-use tokio::sync::Notify;
+use redis::{ProtocolVersion, PushInfo};
 use tokio::time::Instant;
 
 use crate::config::{Deployment, REDIS as NAME, RedisConfig, invalid};
 use crate::node::{Connector, Node, Taken, names};
 use crate::renew::extend_on;
+use crate::wake::{Subscription, WakeHub, pushes_to};
 
 /// What single-node Redis guarantees and supports: a constant, as
 /// [`LockBackend::capabilities`] requires.
@@ -26,6 +25,10 @@ const CAPABILITIES: Capabilities =
     Capabilities::new(NAME, SafetyClass::Efficiency, FencingKind::BestEffort)
         .with_wait(WaitKind::Native)
         .with_ttl_range(Duration::from_millis(10), leasehold_core::DEFAULT_MAX_TTL);
+
+/// How long a waiter's announcement outlives the longest pause between its attempts (each
+/// failed attempt renews it).
+const ANNOUNCE_SLACK: Duration = Duration::from_secs(1);
 
 /// Locks on one Redis server: an *efficiency* lock with a best-effort fencing token.
 ///
@@ -57,50 +60,6 @@ impl std::fmt::Debug for RedisBackend {
     }
 }
 
-/// Routes release messages (RESP3 pushes on the shared connection) to waiting tasks, and keeps
-/// one subscription per channel for as long as some local task waits on it.
-#[derive(Default)]
-struct WakeHub {
-    channels: Mutex<HashMap<String, Arc<Channel>>>,
-}
-
-/// One wake-up channel: its waiters, how many hold it, and whether we are subscribed.
-#[derive(Default)]
-struct Channel {
-    notify: Notify,
-    /// Guarded by the hub's map lock.
-    refs: std::sync::atomic::AtomicUsize,
-    /// Serialises SUBSCRIBE and UNSUBSCRIBE of this channel, so an unsubscribe left over from
-    /// the previous waiter can never overtake the next waiter's subscribe.
-    subscribed: tokio::sync::Mutex<bool>,
-}
-
-impl WakeHub {
-    fn on_push(&self, push: PushInfo) {
-        match push.kind {
-            PushKind::Message | PushKind::SMessage => {
-                if let Some(Value::BulkString(channel)) = push.data.first()
-                    && let Ok(channel) = std::str::from_utf8(channel)
-                    && let Some(c) = self.lock().get(channel)
-                {
-                    c.notify.notify_waiters();
-                }
-            }
-            // The connection dropped: a release may have been missed; let everyone look again.
-            PushKind::Disconnection => {
-                for c in self.lock().values() {
-                    c.notify.notify_waiters();
-                }
-            }
-            _ => {}
-        }
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Channel>>> {
-        self.channels.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-}
-
 impl RedisBackend {
     /// Connects to the server in `config`.
     pub async fn connect(config: RedisConfig) -> Result<Self, Error> {
@@ -112,12 +71,8 @@ impl RedisBackend {
                 let cm = ConnectionManagerConfig::new()
                     .set_connection_timeout(Some(config.connect_timeout))
                     .set_response_timeout(Some(config.response_timeout))
-                    .set_number_of_retries(1)
-                    .set_automatic_resubscription()
-                    .set_push_sender(move |push: PushInfo| {
-                        hub.on_push(push);
-                        Ok::<(), redis::aio::SendError>(())
-                    });
+                    .set_number_of_retries(1);
+                let cm = pushes_to(cm, &hub);
                 Connector::Single(client, cm)
             }
             Deployment::Cluster(seeds) => {
@@ -195,6 +150,15 @@ impl RedisBackend {
                     .take_fair(&names, req.owner, req.ttl, enqueue, grace)
                     .await?
             }
+            // A waiting attempt announces the waiter when the lock is held, so the release
+            // wakes it; a try (and the uncontended path) costs the server no more than that.
+            None if enqueue => {
+                let announce = self.inner.config.wait_backoff.max * 2 + ANNOUNCE_SLACK;
+                self.inner
+                    .node
+                    .take_or_wait(&names, req.owner, req.ttl, true, announce)
+                    .await?
+            }
             None => {
                 self.inner
                     .node
@@ -268,81 +232,6 @@ impl Drop for QueueGuard<'_> {
     fn drop(&mut self) {
         if let Some(q) = self.queue.take() {
             self.backend.tidy_queue(self.key, q);
-        }
-    }
-}
-
-/// A hold on one key's wake-up channel, taken by the local contender.
-struct Subscription {
-    node: Arc<Node>,
-    hub: Arc<WakeHub>,
-    name: String,
-    channel: Arc<Channel>,
-}
-
-impl Subscription {
-    async fn new(node: &Arc<Node>, hub: &Arc<WakeHub>, name: &str) -> Result<Self, Error> {
-        let channel = {
-            let mut map = hub.lock();
-            let c = Arc::clone(map.entry(name.to_owned()).or_default());
-            c.refs.fetch_add(1, Ordering::SeqCst);
-            c
-        };
-        // From here on, dropping `sub` gives the hold back, even if subscribing fails.
-        let sub = Self {
-            node: Arc::clone(node),
-            hub: Arc::clone(hub),
-            name: name.to_owned(),
-            channel,
-        };
-        let mut subscribed = sub.channel.subscribed.lock().await;
-        if !*subscribed {
-            sub.node.subscribe(name).await?;
-            *subscribed = true;
-        }
-        drop(subscribed);
-        Ok(sub)
-    }
-}
-
-impl Drop for Subscription {
-    fn drop(&mut self) {
-        let last = {
-            let _map = self.hub.lock();
-            self.channel.refs.fetch_sub(1, Ordering::SeqCst) == 1
-        };
-        if !last {
-            return;
-        }
-        let (node, hub, name, channel) = (
-            Arc::clone(&self.node),
-            Arc::clone(&self.hub),
-            std::mem::take(&mut self.name),
-            Arc::clone(&self.channel),
-        );
-        // Driven to completion in a task: a dropped redis-rs future never sends its request.
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            drop(rt.spawn(async move {
-                let mut subscribed = channel.subscribed.lock().await;
-                if channel.refs.load(Ordering::SeqCst) > 0 {
-                    return; // a new waiter took the channel over meanwhile
-                }
-                if *subscribed {
-                    match node.unsubscribe(&name).await {
-                        Ok(()) => *subscribed = false,
-                        Err(e) => {
-                            tracing::debug!(error = %e, "leasehold-redis: unsubscribe failed")
-                        }
-                    }
-                }
-                drop(subscribed);
-                let mut map = hub.lock();
-                if channel.refs.load(Ordering::SeqCst) == 0
-                    && map.get(&name).is_some_and(|c| Arc::ptr_eq(c, &channel))
-                {
-                    map.remove(&name);
-                }
-            }));
         }
     }
 }

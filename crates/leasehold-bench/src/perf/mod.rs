@@ -69,6 +69,7 @@ async fn run_runtime(p: &Params, rt: &str, out: &Path) -> Vec<Row> {
         let started = Instant::now();
         if name == "redis-benchmark" {
             rows.extend(extras::redis_benchmark(p, rt).await);
+            rows.extend(extras::redis_cpu(p, rt).await);
         } else {
             let g = match groups::build_group(name, out).await {
                 Ok(g) => g,
