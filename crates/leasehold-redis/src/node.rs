@@ -232,16 +232,17 @@ impl Node {
     }
 
     /// Compare-and-delete, waking waiters on release (only if some announced themselves); in
-    /// fair mode also leaves the line. True if our grant was there.
+    /// fair mode (`fair`: the grace period) also leaves the line, and hands the lock to the
+    /// first live waiter instead of deleting it. True if our grant was there.
     pub(crate) async fn release(
         &self,
         names: &Names,
         owner: &Owner,
-        fair: bool,
+        fair: Option<Duration>,
     ) -> Result<bool, Error> {
         // The fair line's names only go along in fair mode (the script reads them only then).
-        let mut cmd = if fair {
-            let mut cmd = evalsha(&RELEASE, 4, 3);
+        let mut cmd = if fair.is_some() {
+            let mut cmd = evalsha(&RELEASE, 4, 4);
             cmd.arg(names.lock())
                 .arg(names.channel())
                 .arg(names.waiters())
@@ -256,7 +257,10 @@ impl Node {
         };
         cmd.arg(owner.as_str())
             .arg(if self.is_cluster() { "S" } else { "" })
-            .arg(if fair { "F" } else { "" });
+            .arg(if fair.is_some() { "F" } else { "" });
+        if let Some(grace) = fair {
+            cmd.arg(ttl_ms(grace));
+        }
         self.eval::<i64>(&RELEASE, &cmd, "release")
             .await
             .map(|n| n == 1)

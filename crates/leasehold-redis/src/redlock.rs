@@ -461,7 +461,7 @@ impl RedlockBackend {
 
 /// Compare-and-delete on one node, bounded; failures are logged (the key expires by TTL).
 async fn give_back(node: &Node, names: &Names, owner: &Owner, bound: Duration) {
-    match tokio::time::timeout(bound, node.release(names, owner, false)).await {
+    match tokio::time::timeout(bound, node.release(names, owner, None)).await {
         Ok(Ok(_)) => {}
         Ok(Err(e)) => tracing::debug!(node = %node.name, error = %e, "redlock: give-back failed"),
         Err(_) => tracing::debug!(node = %node.name, "redlock: give-back timed out"),
@@ -548,7 +548,7 @@ impl LockBackend for RedlockBackend {
                 if let Some(f) = finished.as_mut() {
                     let _ = f.wait_for(|done| *done).await;
                 }
-                node.release(&names, &owner, false).await
+                node.release(&names, &owner, None).await
             }
         });
         let mut tally = self.tally("release", "released", "not ours");

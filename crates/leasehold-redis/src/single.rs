@@ -140,18 +140,21 @@ impl RedisBackend {
         &self.inner.config
     }
 
-    /// One attempt; in fair mode, `enqueue` joins the line (or refreshes our place in it).
+    /// One attempt; `enqueue` (a waiting attempt) announces the waiter, in fair mode by joining
+    /// the line (or refreshing our place in it, or claiming the lock a release handed us).
     async fn attempt(&self, req: &LockRequest<'_>, enqueue: bool) -> Result<Option<Grant>, Error> {
         let names = names(&self.inner.config.prefix, req.key);
         let taken = match self.inner.config.fair {
-            Some(grace) => {
+            Some(grace) if enqueue => {
                 self.inner
                     .node
                     .take_fair(&names, req.owner, req.ttl, enqueue, grace)
                     .await?
             }
             // A waiting attempt announces the waiter when the lock is held, so the release
-            // wakes it; a try (and the uncontended path) costs the server no more than that.
+            // wakes it; a try (the uncontended path) is a plain `SET NX`, in fair mode too: a
+            // release hands a lock with a line to its head, so a free lock has no line to jump
+            // (unless its holder let it expire).
             None if enqueue => {
                 let announce = self.inner.config.wait_backoff.max * 2 + ANNOUNCE_SLACK;
                 self.inner
@@ -159,7 +162,7 @@ impl RedisBackend {
                     .take_or_wait(&names, req.owner, req.ttl, true, announce)
                     .await?
             }
-            None => {
+            _ => {
                 self.inner
                     .node
                     .take(&names, req.owner, req.ttl, true)
@@ -181,9 +184,9 @@ impl RedisBackend {
     /// Fair mode: leaves the line after a wait that ended without the lock, in a task, so it
     /// happens even if nobody awaits it.
     fn leave_line(&self, key: &LockKey, owner: &leasehold_core::Owner) {
-        if self.inner.config.fair.is_none() {
+        let Some(grace) = self.inner.config.fair else {
             return;
-        }
+        };
         let (node, names, owner) = (
             Arc::clone(&self.inner.node),
             names(&self.inner.config.prefix, key),
@@ -191,7 +194,7 @@ impl RedisBackend {
         );
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             drop(rt.spawn(async move {
-                if let Err(e) = node.release(&names, &owner, true).await {
+                if let Err(e) = node.release(&names, &owner, Some(grace)).await {
                     tracing::debug!(error = %e, "leasehold-redis: leaving the fair queue failed");
                 }
             }));
@@ -291,9 +294,23 @@ impl LockBackend for RedisBackend {
                 fallback = fallback.min(grace / 3);
             }
             let until = (now + fallback.max(Duration::from_millis(1))).min(deadline);
-            tokio::select! {
-                () = &mut woken => {}
-                () = tokio::time::sleep_until(until) => {}
+            let fair = self.inner.config.fair.is_some();
+            loop {
+                tokio::select! {
+                    () = &mut woken => {}
+                    () = tokio::time::sleep_until(until) => break,
+                }
+                // In fair mode a release message names the waiter it handed the lock to: the
+                // others wait on (their backoff keeps their place), no herd of attempts.
+                if !fair || sub.channel.last_names(req.owner.as_str()) {
+                    break;
+                }
+                woken.set(sub.channel.notify.notified());
+                woken.as_mut().enable();
+                // A message for us that came before we listened again is in `last`.
+                if sub.channel.last_names(req.owner.as_str()) {
+                    break;
+                }
             }
         }
     }
@@ -302,7 +319,7 @@ impl LockBackend for RedisBackend {
         let names = names(&self.inner.config.prefix, held.key);
         self.inner
             .node
-            .release(&names, held.owner, self.inner.config.fair.is_some())
+            .release(&names, held.owner, self.inner.config.fair)
             .await
     }
 

@@ -23,11 +23,26 @@ pub(crate) struct WakeHub {
 #[derive(Default)]
 pub(crate) struct Channel {
     pub(crate) notify: Notify,
+    /// The last message (its payload), set before its waiters are woken; `None` after a
+    /// disconnection (a message may have been missed: it concerns everyone).
+    last: Mutex<Option<Vec<u8>>>,
     /// Guarded by the hub's map lock.
     refs: std::sync::atomic::AtomicUsize,
     /// Serialises SUBSCRIBE and UNSUBSCRIBE of this channel, so an unsubscribe left over from
     /// the previous waiter can never overtake the next waiter's subscribe.
     subscribed: tokio::sync::Mutex<bool>,
+}
+
+impl Channel {
+    fn last(&self) -> std::sync::MutexGuard<'_, Option<Vec<u8>>> {
+        self.last.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether the last message may concern the waiter `owner`: it named `owner`, or named
+    /// nobody in particular (a disconnection).
+    pub(crate) fn last_names(&self, owner: &str) -> bool {
+        self.last().as_deref().is_none_or(|p| p == owner.as_bytes())
+    }
 }
 
 impl WakeHub {
@@ -38,12 +53,18 @@ impl WakeHub {
                     && let Ok(channel) = std::str::from_utf8(channel)
                     && let Some(c) = self.lock().get(channel)
                 {
+                    let payload = match push.data.get(1) {
+                        Some(Value::BulkString(p)) => Some(p.clone()),
+                        _ => None,
+                    };
+                    *c.last() = payload;
                     c.notify.notify_waiters();
                 }
             }
             // The connection dropped: a release may have been missed; let everyone look again.
             PushKind::Disconnection => {
                 for c in self.lock().values() {
+                    *c.last() = None;
                     c.notify.notify_waiters();
                 }
             }
