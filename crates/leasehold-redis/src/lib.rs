@@ -8,7 +8,7 @@
 //! |---|---|---|
 //! | safety | one server decides; a failover or a restart without persistence can hand the lock to a second holder | a majority decides; safe only under bounded network delay, process pauses and clock drift |
 //! | fencing token | best effort: a per-key counter, `INCR`ed in the acquire script; it **goes back** if the server loses its data | none (a quorum cannot mint a strictly increasing number without consensus) |
-//! | waiting | woken by the release message on a per-key channel, with jittered backoff as a fallback; waiters of one process queue in order; opt-in [fair mode](#fair-mode) across processes | jittered backoff, by the `Locker` |
+//! | waiting | woken by the release message on a per-key channel, with jittered backoff as a fallback; waiters of one process queue in order; opt-in [fair mode](#fair-mode) across processes | woken by the release message of any node (the same channel on every node), with jittered backoff as a fallback |
 //! | holder crash | the key expires after its TTL | the keys expire after their TTL |
 //!
 //! Requires Redis ≥ 6 (RESP3: release wake-ups are pushed on the shared connection); a Redis
@@ -53,6 +53,7 @@
 //! | `leasehold:{jobs/nightly}` | the lock: a string holding the owner value, with a TTL |
 //! | `leasehold:{jobs/nightly}:fence` | the fencing counter (single node only; never deleted, so tokens don't restart while the server keeps its data) |
 //! | `leasehold:{jobs/nightly}:released` | the pub/sub channel the release script publishes on |
+//! | `leasehold:{jobs/nightly}:waiting` | set for a few seconds by a waiter whose attempt found the lock held: a release publishes only while it exists |
 //!
 //! The braces are a hash tag: on a Redis Cluster the three share one slot. Any client that sets
 //! the lock key with `SET` `NX` excludes leasehold, and the other way round:
@@ -76,7 +77,14 @@
 //!   hash tag. A waiting acquire joins the line and asks again (on the release message, or at
 //!   least every third of the grace period), which keeps its place.
 //! - A free lock is granted only to the head of the line (or to anyone when the line is empty).
-//!   `try_acquire` never joins the line and never jumps it.
+//!   A release does not free a lock with a line: it hands it to the first waiter still alive
+//!   (sets it to that waiter's owner value for the grace period) and publishes that owner value,
+//!   so only that waiter acts on the message; it claims the lock (re-armed for its TTL, with the
+//!   next fencing token) in its next attempt.
+//! - `try_acquire` never joins the line. It is the plain `SET NX` of the uncontended path, so
+//!   fair mode costs the server no more than plain mode until someone waits; since a lock with a
+//!   line is handed over rather than freed, a try can only take it ahead of the line after its
+//!   holder let it expire.
 //! - Mutual exclusion is exactly that of plain mode (the lock is still `SET` only when absent);
 //!   the line only decides *who* may take a free lock. Time is the server's (`TIME` in the
 //!   script), never a client clock.
@@ -91,9 +99,13 @@
 //!
 //! # The scripts
 //!
-//! Acquire is one round trip: `SET key owner NX PX ttl` and, when it succeeds, `INCR` of the
-//! fence counter, in one Lua script. Release is compare-and-delete (and `PUBLISH` on the wake-up
-//! channel); extend is compare-and-`PEXPIRE`. Scripts run by SHA and are reloaded on `NOSCRIPT`.
+//! Acquire is one round trip: `SET key owner NX PX ttl` and `INCR` of the fence counter,
+//! pipelined (plain commands cost the server far less than a script; why the tokens still follow
+//! the order of grants is said at `Node::take`; a Redis Cluster runs them as one Lua script). A
+//! waiting attempt is one script that also announces the waiter (the `:waiting` key, or the fair
+//! line) when the lock is held. Release is compare-and-delete, and `PUBLISH` on the wake-up
+//! channel only if a waiter announced itself; extend is compare-and-`PEXPIRE`. Scripts run by
+//! SHA and are reloaded on `NOSCRIPT`.
 //! All leases of one backend share one multiplexed, auto-reconnecting connection per server.
 //!
 //! # Renewal in batches
@@ -124,6 +136,10 @@
 //!   still in flight gets its release when it completes. Node requests run in spawned tasks, so
 //!   a dropped acquire future still gives back what it took.
 //! - Extend re-arms all nodes, and sets the key again on a node that lost it.
+//! - A waiting acquire subscribes to the key's release channel on every node it can reach (RESP3
+//!   pushes on the node's shared connection), announces itself on each node that finds the key
+//!   held (the `:waiting` key, as on one server), and starts the next round on the first release
+//!   message from any node, with jittered backoff (50 ms to 1 s) as the fallback.
 //! - Nodes connect lazily: a node that is down does not stop the backend, and is used again when
 //!   it returns.
 //!

@@ -4,9 +4,9 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::StreamExt;
 use futures_util::future::join_all;
 use futures_util::stream::FuturesUnordered;
+use futures_util::{FutureExt as _, StreamExt};
 use leasehold_core::async_trait;
 use leasehold_core::{
     Backoff, Capabilities, Error, ErrorKind, ExtendRequest, FencingKind, Grant, Held, HolderInfo,
@@ -371,11 +371,17 @@ impl RedlockBackend {
 
     /// One Redlock acquisition round; with `announce`, a waiter's: each node that finds the
     /// lock held records that someone waits (for that long), so its release publishes.
+    ///
+    /// `after`: per node, when the previous round of the same owner value is settled there
+    /// (its give-back sent and answered, or not needed); this round's request to a node waits
+    /// for it (bounded like a give-back), or the give-back could delete what this round takes.
+    /// Returns the same signals for this round.
     async fn acquire_round(
         &self,
         req: &LockRequest<'_>,
         announce: Option<Duration>,
-    ) -> Result<Option<Grant>, Error> {
+        after: &[watch::Receiver<bool>],
+    ) -> (Result<Option<Grant>, Error>, Vec<watch::Receiver<bool>>) {
         let names = names(&self.inner.config.prefix, req.key);
         let owner = req.owner.clone();
         let ttl = req.ttl;
@@ -387,6 +393,10 @@ impl RedlockBackend {
         // future was dropped) means give back.
         let (decide, decision) = watch::channel(None::<bool>);
         let (done, finished): (Vec<_>, Vec<_>) = (0..n).map(|_| watch::channel(false)).unzip();
+        let (settle, settled): (Vec<_>, Vec<_>) = (0..n).map(|_| watch::channel(false)).unzip();
+        let mut after: Vec<Option<watch::Receiver<bool>>> =
+            after.iter().cloned().map(Some).collect();
+        after.resize(n, None);
         let inner = Arc::clone(&self.inner);
         // One task drives the requests to every node (and any give-back after them) to
         // completion, whatever happens to this future.
@@ -396,10 +406,16 @@ impl RedlockBackend {
                 .nodes
                 .iter()
                 .zip(done)
+                .zip(settle.into_iter().zip(after))
                 .enumerate()
-                .map(|(i, (node, done))| {
+                .map(|(i, ((node, done), (settle, mut after)))| {
                     let mut decision = decision.clone();
                     async move {
+                        // Before the per-node timer: a give-back still on its way must not
+                        // cost this round the node (bounded like the give-back itself).
+                        if let Some(prev) = after.as_mut() {
+                            let _ = tokio::time::timeout(bound, prev.wait_for(|s| *s)).await;
+                        }
                         let take = async {
                             match announce {
                                 Some(a) => node.take_or_wait(names, owner, ttl, false, a).await,
@@ -431,13 +447,33 @@ impl RedlockBackend {
                             give_back(node, names, owner, bound).await;
                         }
                     }
+                    .then(move |()| {
+                        settle.send_replace(true);
+                        std::future::ready(())
+                    })
                 })
                 .collect();
             drop(decision);
             all.for_each(|()| std::future::ready(())).await;
         });
         let mut tally = self.tally("acquire", "granted", "held by another owner");
-        if tally.until_decided(&mut rx).await {
+        let decided = tally.until_decided(&mut rx).await;
+        let result = self.decide(req, decided, tally, finished, &decide);
+        (result, settled)
+    }
+
+    /// The outcome of a round, given whether a quorum said yes; tells the round's task to keep
+    /// or give back what it took.
+    fn decide(
+        &self,
+        req: &LockRequest<'_>,
+        quorum: bool,
+        tally: Tally,
+        finished: Vec<watch::Receiver<bool>>,
+        decide: &watch::Sender<Option<bool>>,
+    ) -> Result<Option<Grant>, Error> {
+        let ttl = req.ttl;
+        if quorum {
             if self.validity_left(req.started, ttl).is_some() {
                 decide.send_replace(Some(true));
                 let state = Round { finished };
@@ -475,7 +511,7 @@ impl LockBackend for RedlockBackend {
     }
 
     async fn try_lock(&self, req: LockRequest<'_>) -> Result<Option<Grant>, Error> {
-        self.acquire_round(&req, None).await
+        self.acquire_round(&req, None, &[]).await.0
     }
 
     /// Waits on the nodes' release messages: subscribed to the key's channel on every node it
@@ -496,6 +532,7 @@ impl LockBackend for RedlockBackend {
         .filter_map(|r| r.ok().and_then(Result::ok))
         .collect();
         let mut attempts = 0u32;
+        let mut previous = Vec::new();
         loop {
             let mut woken: Vec<_> = subs
                 .iter()
@@ -507,7 +544,13 @@ impl LockBackend for RedlockBackend {
             attempts += 1;
             let attempt =
                 LockRequest::new(req.key, req.owner, req.ttl, Instant::now(), req.monitor);
-            if let Some(grant) = self.acquire_round(&attempt, Some(ANNOUNCE)).await? {
+            // Every round of this wait uses the same owner value: each round's request to a node
+            // goes after the previous round's give-back there.
+            let (result, settled) = self
+                .acquire_round(&attempt, Some(ANNOUNCE), &previous)
+                .await;
+            previous = settled;
+            if let Some(grant) = result? {
                 return Ok(Waited::new(Some(grant), attempts));
             }
             let now = Instant::now();
