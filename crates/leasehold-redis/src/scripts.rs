@@ -123,7 +123,7 @@ end
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return 0
 end
-if ARGV[3] == 'F' then
+if ARGV[3] == 'F' and redis.call('EXISTS', KEYS[4]) == 1 then
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   while true do

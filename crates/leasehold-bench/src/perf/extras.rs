@@ -151,6 +151,8 @@ pub(super) async fn redis_cpu(p: &Params, rt: &str) -> Vec<Row> {
                 let us = Spread::of(&mut per_round.iter().map(|x| x[i]).collect::<Vec<_>>());
                 r.cycles = per_round.len() * cpu_cycles(p);
                 r.p50 = Some(Duration::from_secs_f64(us.median * 1e-6));
+                // Per second: the cycles one fully busy Redis core could serve.
+                r.per_sec = (us.median > 0.0).then(|| 1e6 / us.median);
                 r.ratio = raw.filter(|&j| j != i).map(|j| {
                     let mut x: Vec<f64> = per_round.iter().map(|x| x[i] / x[j]).collect();
                     (Spread::of(&mut x), "Redis CPU per cycle / raw's".to_owned())
@@ -186,7 +188,7 @@ async fn cpu_subjects() -> Result<Vec<CpuSubject>, BoxError> {
             label: "leasehold RedisBackend, fair queue",
             kind: Kind::Ours,
             client: Arc::new(Ours::new(Arc::new(RedisBackend::connect(fair).await?))?),
-            top_level: &["evalsha"],
+            top_level: &["set", "incr", "evalsha"],
         },
         CpuSubject {
             label: "raw redis-rs SET NX PX + compare-and-delete EVALSHA",
