@@ -49,7 +49,7 @@ use tokio::time::Instant;
 use crate::keys::Names;
 use crate::node::{Node, evalsha, names, ttl_ms};
 use crate::scripts::WAKE_FN;
-use crate::wake::{Subscription, WakeHub};
+use crate::wake::{Subscription, WakeHub, wait_on};
 
 /// The server time in ms, and the sweep of expired permits from `KEYS[1]`.
 const NOW_AND_SWEEP: &str = r"local t = redis.call('TIME')
@@ -234,10 +234,16 @@ impl LockBackend for RedisPermits {
         let channel = self.names(req.key).permit_channel().to_string();
         let sub = Subscription::new(&self.node, &self.wake, &channel).await?;
         let pause = |attempts| self.backoff.delay(attempts);
-        sub.wait(deadline, pause, |started| {
-            let attempt = LockRequest::new(req.key, req.owner, req.ttl, started, req.monitor);
-            async move { self.attempt(&attempt).await }
-        })
+        wait_on(
+            std::slice::from_ref(&sub),
+            deadline,
+            pause,
+            None,
+            |started| {
+                let attempt = LockRequest::new(req.key, req.owner, req.ttl, started, req.monitor);
+                async move { self.attempt(&attempt).await }
+            },
+        )
         .await
     }
 

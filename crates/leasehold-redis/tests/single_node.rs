@@ -124,3 +124,97 @@ async fn fencing_tokens_increase_per_key_in_one_round_trip() {
     assert!(l.inspect("k").await.unwrap().is_none());
     assert_eq!(backend.count_lock_keys("").await.unwrap(), 0);
 }
+
+/// A backend of its own (as another process would have) whose fallback backoff is 30 s: only a
+/// release message wakes it sooner.
+async fn slow_polling(url: &str, prefix: &str) -> leasehold_core::Locker {
+    let config = RedisConfig::from_url(url)
+        .and_then(|c| c.with_prefix(prefix))
+        .unwrap()
+        .with_wait_backoff(Backoff {
+            initial: Duration::from_secs(30),
+            max: Duration::from_secs(30),
+        });
+    common::locker(RedisBackend::connect(config).await.unwrap())
+}
+
+/// A release publishes only while some waiter has announced itself (its attempt found the lock
+/// held). Many waiters, each on its own connection, arriving while the lock changes hands: each
+/// is woken by a release message, none is left to its 30 s fallback. Were a waiter lost (a
+/// release skipping the publish although it waited), the chain would take about a minute.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_waiter_is_lost_when_releases_publish_only_to_announced_waiters() {
+    let ep = require_service!(Service::Redis);
+    let prefix = common::prefix("announce");
+    let holder = common::locker(common::redis(ep.url(), &prefix).await);
+    let mut waiters = Vec::new();
+    for _ in 0..16 {
+        waiters.push(slow_polling(ep.url(), &prefix).await);
+    }
+    let started = Instant::now();
+    for round in 0..3 {
+        let lease = holder.try_acquire("k").await.unwrap().expect("free");
+        let tasks: Vec<_> = waiters
+            .iter()
+            .enumerate()
+            .map(|(i, w)| {
+                let w = w.clone();
+                tokio::spawn(async move {
+                    // Staggered: some arrive while the lock is passed from waiter to waiter.
+                    tokio::time::sleep(Duration::from_millis(3 * i as u64)).await;
+                    let l = w.acquire("k", Duration::from_secs(60)).await.unwrap();
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                    assert!(l.release().await.unwrap());
+                })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(lease.release().await.unwrap());
+        for t in tasks {
+            t.await.unwrap();
+        }
+        eprintln!("round {round}: done after {:?}", started.elapsed());
+    }
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(20),
+        "48 handoffs took {took:?}: some waiter was left to its fallback backoff"
+    );
+}
+
+/// With nobody waiting a release publishes nothing (the uncontended cycle costs the server no
+/// wake-up); with a waiter it does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_publishes_only_when_someone_waits() {
+    use futures_util::StreamExt as _;
+    let ep = require_service!(Service::Redis);
+    let prefix = common::prefix("quiet");
+    let l = common::locker(common::redis(ep.url(), &prefix).await);
+    let mut sub = redis::Client::open(ep.url())
+        .unwrap()
+        .get_async_pubsub()
+        .await
+        .unwrap();
+    sub.subscribe(format!("{prefix}{{k}}:released"))
+        .await
+        .unwrap();
+    let mut messages = sub.into_on_message();
+    for _ in 0..20 {
+        let lease = l.try_acquire("k").await.unwrap().expect("free");
+        assert!(lease.release().await.unwrap());
+    }
+    let quiet = tokio::time::timeout(Duration::from_millis(300), messages.next()).await;
+    assert!(quiet.is_err(), "an uncontended release published a wake-up");
+    let lease = l.try_acquire("k").await.unwrap().expect("free");
+    let waiter = slow_polling(ep.url(), &prefix).await;
+    let w = tokio::spawn(async move { waiter.acquire("k", Duration::from_secs(20)).await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(lease.release().await.unwrap());
+    let woke = tokio::time::timeout(Duration::from_secs(5), messages.next()).await;
+    assert!(
+        matches!(woke, Ok(Some(_))),
+        "no wake-up published for a waiter"
+    );
+    let got = w.await.unwrap().unwrap();
+    assert!(got.release().await.unwrap());
+}
