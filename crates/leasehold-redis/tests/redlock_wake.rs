@@ -30,26 +30,7 @@ async fn a_redlock_waiter_is_woken_by_the_release() {
     let prefix = common::prefix("rlwake");
     let holder = locker(common::redlock(ep.urls(), &prefix));
     let waiter = locker(common::redlock(ep.urls(), &prefix));
-    let mut lags = Vec::new();
-    for round in 0..5 {
-        let lease = holder.try_acquire("k").await.unwrap().expect("free");
-        let w = {
-            let waiter = waiter.clone();
-            tokio::spawn(async move {
-                let l = waiter.acquire("k", Duration::from_secs(20)).await;
-                (l, Instant::now())
-            })
-        };
-        tokio::time::sleep(Duration::from_millis(1500)).await;
-        let released = Instant::now();
-        assert!(lease.release().await.unwrap());
-        let (got, at) = w.await.unwrap();
-        let got = got.unwrap();
-        let lag = at - released;
-        eprintln!("round {round}: woken {lag:?} after release");
-        lags.push(lag);
-        assert!(got.release().await.unwrap());
-    }
+    let mut lags = common::handoff_lags(&holder, &waiter, Duration::from_millis(1500), 5).await;
     lags.sort();
     let median = lags[lags.len() / 2];
     assert!(

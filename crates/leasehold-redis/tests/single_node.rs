@@ -9,8 +9,6 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use leasehold_core::Backoff;
-use leasehold_redis::{RedisBackend, RedisConfig};
 use leasehold_test_support::require_service;
 use leasehold_test_support::services::Service;
 use tokio::sync::Mutex;
@@ -20,37 +18,15 @@ use tokio::time::Instant;
 async fn waiters_are_woken_by_the_release_message_not_by_polling() {
     let ep = require_service!(Service::Redis);
     let prefix = common::prefix("wake");
-    // A fallback backoff of 5 s: only the release message can wake the waiter sooner.
-    let config = RedisConfig::from_url(ep.url())
-        .and_then(|c| c.with_prefix(&prefix))
-        .unwrap()
-        .with_wait_backoff(Backoff {
-            initial: Duration::from_secs(5),
-            max: Duration::from_secs(5),
-        });
+    // A fallback backoff of 30 s: only the release message can wake the waiter sooner.
     let holder = common::locker(common::redis(ep.url(), &prefix).await);
-    let waiter = common::locker(RedisBackend::connect(config).await.unwrap());
-    for round in 0..5 {
-        let lease = holder.try_acquire("k").await.unwrap().expect("free");
-        let w = {
-            let waiter = waiter.clone();
-            tokio::spawn(async move {
-                let l = waiter.acquire("k", Duration::from_secs(20)).await;
-                (l, Instant::now())
-            })
-        };
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        let released = Instant::now();
-        assert!(lease.release().await.unwrap());
-        let (got, at) = w.await.unwrap();
-        let got = got.unwrap();
-        let lag = at - released;
-        eprintln!("round {round}: woken {lag:?} after release");
+    let waiter = slow_polling(ep.url(), &prefix).await;
+    let lags = common::handoff_lags(&holder, &waiter, Duration::from_millis(100), 5).await;
+    for lag in lags {
         assert!(
             lag < Duration::from_millis(500),
             "waiter took {lag:?}: polled, not woken"
         );
-        assert!(got.release().await.unwrap());
     }
 }
 
@@ -125,17 +101,8 @@ async fn fencing_tokens_increase_per_key_in_one_round_trip() {
     assert_eq!(backend.count_lock_keys("").await.unwrap(), 0);
 }
 
-/// A backend of its own (as another process would have) whose fallback backoff is 30 s: only a
-/// release message wakes it sooner.
 async fn slow_polling(url: &str, prefix: &str) -> leasehold_core::Locker {
-    let config = RedisConfig::from_url(url)
-        .and_then(|c| c.with_prefix(prefix))
-        .unwrap()
-        .with_wait_backoff(Backoff {
-            initial: Duration::from_secs(30),
-            max: Duration::from_secs(30),
-        });
-    common::locker(RedisBackend::connect(config).await.unwrap())
+    common::locker(common::redis_slow_fallback(url, prefix).await)
 }
 
 /// A release publishes only while some waiter has announced itself (its attempt found the lock
@@ -190,15 +157,7 @@ async fn a_release_publishes_only_when_someone_waits() {
     let ep = require_service!(Service::Redis);
     let prefix = common::prefix("quiet");
     let l = common::locker(common::redis(ep.url(), &prefix).await);
-    let mut sub = redis::Client::open(ep.url())
-        .unwrap()
-        .get_async_pubsub()
-        .await
-        .unwrap();
-    sub.subscribe(format!("{prefix}{{k}}:released"))
-        .await
-        .unwrap();
-    let mut messages = sub.into_on_message();
+    let mut messages = common::messages(ep.url(), &format!("{prefix}{{k}}:released")).await;
     for _ in 0..20 {
         let lease = l.try_acquire("k").await.unwrap().expect("free");
         assert!(lease.release().await.unwrap());
