@@ -31,7 +31,9 @@
 //! As for locks: one server decides, so a failover or a restart without persistence can lose
 //! the set and admit more than N holders; tokens are best effort (the counter goes back with
 //! lost data). Waiters are woken by the release message, with jittered backoff as a fallback
-//! (an expired permit sends no message). Renewal re-arms each permit with one script call
+//! (an expired permit sends no message). Unlike a lock's release, which publishes only while a
+//! waiter has announced itself (`:waiting`), every permit release publishes: a permit cycle
+//! runs a script on the server's clock anyway, and its waiters announce nothing. Renewal re-arms each permit with one script call
 //! (`extend_each`).
 
 use std::sync::Arc;
