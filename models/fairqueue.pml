@@ -203,7 +203,10 @@ proctype Client(byte me) {
               :: else -> break
               od;
 #endif
-              printf("MSC: t=%d client %d: releases (to %d)\n", now, me, holder)
+              if
+              :: holder > 0 -> printf("MSC: t=%d client %d: releases, hands the lock to client %d\n", now, me, holder - 1)
+              :: else -> printf("MSC: t=%d client %d: releases\n", now, me)
+              fi
            :: else -> skip
            fi
        }
