@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use leasehold_core::{Error, ErrorKind, NodeError};
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 
 use crate::config::REDLOCK as NAME;
 use crate::node::Node;
@@ -111,6 +112,29 @@ impl Tally {
             }
         }
         false
+    }
+
+    /// After [`until_decided`](Self::until_decided) found no quorum: while the nodes that
+    /// timed out could still make one, waits (until `deadline`) for their late answers (the
+    /// fan-out sends them: a timed-out request goes on in the background), each replacing the
+    /// timeout. `true` once a quorum said yes. Without it a grant held on a bare majority, one
+    /// of whose nodes answers late, would be reported as not ours although it was (and is
+    /// released by the late request).
+    pub(crate) async fn late_quorum(
+        &mut self,
+        rx: &mut mpsc::UnboundedReceiver<(usize, Outcome)>,
+        deadline: Instant,
+    ) -> bool {
+        let late = |t: &Self| t.count(|o| matches!(o, Outcome::TimedOut(_)));
+        while self.yes() < self.quorum && self.yes() + late(self) >= self.quorum {
+            let Ok(Some((i, outcome))) = tokio::time::timeout_at(deadline, rx.recv()).await else {
+                break;
+            };
+            if let Some(slot) = self.outcomes.get_mut(i) {
+                *slot = Some(outcome);
+            }
+        }
+        self.yes() >= self.quorum
     }
 
     /// The answer without a quorum: an error if faults alone ruled it out, else `no`

@@ -41,6 +41,10 @@ const WAIT_BACKOFF: Backoff = Backoff {
 /// longest fallback pause.
 const ANNOUNCE: Duration = Duration::from_secs(3);
 
+/// How long a release or an extend short of a quorum waits for the late answers of nodes that
+/// timed out (their requests go on in the background), before it says "not ours" or "lost".
+const LATE_ANSWERS: Duration = Duration::from_secs(1);
+
 /// How long counting a node's keys (SCAN, for leak checks) may take beyond the connect timeout.
 const COUNT_BOUND: Duration = Duration::from_secs(5);
 
@@ -179,7 +183,8 @@ impl RedlockBackend {
 
     /// Runs `op` on every node, all in one task, each driven to completion (bounded by `bound`)
     /// even after the caller has decided or been dropped; each node's outcome within `per_node`
-    /// arrives on the returned channel. One task for the fan-out, not one per node: a spawn
+    /// arrives on the returned channel, and for a node that timed out, its late answer too (see
+    /// [`Tally::late_quorum`]). One task for the fan-out, not one per node: a spawn
     /// costs more than the rest of a node's request on the client.
     fn spawn_all<F, Fut>(
         &self,
@@ -206,7 +211,10 @@ impl RedlockBackend {
                         Ok(r) => drop(tx.send((i, Outcome::from_result(Ok(r), per_node)))),
                         Err(_) => {
                             drop(tx.send((i, Outcome::TimedOut(per_node))));
-                            let _ = tokio::time::timeout(bound.saturating_sub(per_node), fut).await;
+                            let rest = bound.saturating_sub(per_node);
+                            if let Ok(r) = tokio::time::timeout(rest, fut).await {
+                                drop(tx.send((i, Outcome::from_result(Ok(r), per_node))));
+                            }
                         }
                     }
                 }
@@ -430,7 +438,11 @@ impl LockBackend for RedlockBackend {
             }
         });
         let mut tally = self.tally("release", "released", "not ours");
-        if tally.until_decided(&mut rx).await {
+        if tally.until_decided(&mut rx).await
+            || tally
+                .late_quorum(&mut rx, Instant::now() + LATE_ANSWERS)
+                .await
+        {
             return Ok(true);
         }
         tally.no_quorum(&self.inner.nodes, false)
@@ -448,7 +460,8 @@ impl LockBackend for RedlockBackend {
             async move { node.extend(&names, &owner, ttl, false).await }
         });
         let mut tally = self.tally("extend", "extended", "held by another owner");
-        if tally.until_decided(&mut rx).await {
+        let late = (req.started + ttl).min(Instant::now() + LATE_ANSWERS);
+        if tally.until_decided(&mut rx).await || tally.late_quorum(&mut rx, late).await {
             return Ok(self
                 .validity_left(req.started, ttl)
                 .map(|_| req.ttl_validity()));
