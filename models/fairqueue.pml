@@ -4,13 +4,22 @@
  * Server state, as the scripts keep it: the lock (holder, expiry), the line (a list of owners)
  * and the waiters' zset (owner -> server time until which the waiter counts as alive). Each
  * script runs atomically, as Redis runs a script:
- *   ACQUIRE_FAIR drops heads of the line whose time ran out; grants (SET PX ttl) only if the lock
- *                is free AND the line is empty or we are its head (leaving the line); else joins
- *                the line if not in the zset yet, and sets our alive time to now + GRACE;
- *   RELEASE      leaves the line (if in the zset), then deletes the lock if it holds our value.
- * Clients: each takes the lock R times; a waiter asks again before its GRACE runs out (it
- * polls, or is woken by the release message); a holder uses the resource and releases before
- * its validity (t0 + TTL - DRIFT) ends: time cannot pass its deadline while it holds.
+ *   SET NX       a try (the uncontended path, a plain command): grants if the lock is free,
+ *                whatever the line says;
+ *   ACQUIRE_FAIR a waiting attempt: claims a lock handed to us (it holds our value: re-armed for
+ *                TTL); else drops heads of the line whose time ran out; grants (SET PX ttl) only
+ *                if the lock is free AND the line is empty or we are its head (leaving the line);
+ *                else joins the line if not in the zset yet, and sets our alive time to now + GRACE;
+ *   RELEASE      leaves the line (if in the zset); then, if the lock holds our value, hands it to
+ *                the first waiter of the line still alive (popping the dead ones): sets it to that
+ *                waiter's value for GRACE; with no live waiter, deletes it.
+ * Clients: each takes the lock R times (client 0 each time either trying once first, SET NX, or
+ * not: one trying client is enough to overtake waiters, and keeps the search small); a
+ * waiter asks again before its GRACE runs out (it polls, or is woken by the release message
+ * naming it); a holder uses the resource and releases before its validity (t0 + TTL - DRIFT)
+ * ends: time cannot pass its deadline while it holds. A try that finds a free lock while others
+ * are in line would overtake them: BOUNDED verified with tries says that never happens (the
+ * lock is handed over, never left free, while someone is in line).
  *
  * Properties:
  *   EXCLUSION  no two clients hold at once (Monitor);
@@ -91,6 +100,15 @@ inline grant(me) {
     od
 }
 
+/* A try: plain SET NX, in both modes. */
+inline try_set(me) {
+    got = 0;
+    if
+    :: !LOCKED -> grant(me); printf("MSC: t=%d client %d: SET NX (try) -> OK\n", now, me)
+    :: else -> skip
+    fi
+}
+
 inline acquire(me) {
     got = 0;
 #ifdef PLAIN
@@ -99,6 +117,27 @@ inline acquire(me) {
     :: else -> waiting[me] = true; printf("MSC: t=%d client %d: SET NX -> held, waits\n", now, me)
     fi
 #else
+    if
+    :: LOCKED && holder == me + 1 ->
+       /* handed to us by a release: claim it */
+       lock_exp = now + TTL; alive[me] = 0; got = 1;
+       printf("MSC: t=%d client %d: claims the lock handed to it\n", now, me);
+       waiting[me] = false; overtaken[me] = 0;
+       j = 0;
+       do
+       :: j < C ->
+          if
+          :: j != me && waiting[j] -> overtaken[j]++; assert(overtaken[j] <= C - 1)
+          :: else -> skip
+          fi;
+          j++
+       :: else -> break
+       od
+    :: else -> skip
+    fi;
+    if
+    :: got -> skip
+    :: else ->
     do
     :: qlen > 0 && alive[line[0] - 1] <= now -> alive[line[0] - 1] = 0; pop_head()
     :: else -> break
@@ -119,6 +158,7 @@ inline acquire(me) {
        alive[me] = now + GRACE;
        waiting[me] = true
     fi
+    fi
 #endif
 }
 
@@ -126,8 +166,14 @@ proctype Client(byte me) {
     byte r = 0, got, t0, j;
     do
     :: r < R ->
+       /* client 0 sometimes tries first (try_acquire), then waits */
+       if
+       :: me == 0 -> atomic { t0 = now; try_set(me); if :: got -> deadline[me] = t0 + TTL - DRIFT; in_cs[me] = true :: else -> skip fi }
+       :: skip
+       fi;
        do
-       :: atomic {
+       :: in_cs[me] -> break
+       :: !in_cs[me] -> atomic {
               t0 = now; acquire(me);
               if
               :: got -> deadline[me] = t0 + TTL - DRIFT; in_cs[me] = true; break
@@ -144,7 +190,23 @@ proctype Client(byte me) {
            fi;
 #endif
            if
-           :: holder == me + 1 -> holder = 0; printf("MSC: t=%d client %d: releases\n", now, me)
+           :: holder == me + 1 && now < lock_exp ->
+#ifdef PLAIN
+              holder = 0;
+#else
+              /* hand over to the first live waiter of the line, else delete */
+              holder = 0;
+              do
+              :: qlen > 0 && alive[line[0] - 1] > now ->
+                 holder = line[0]; lock_exp = now + GRACE; pop_head(); break
+              :: qlen > 0 && alive[line[0] - 1] <= now -> alive[line[0] - 1] = 0; pop_head()
+              :: else -> break
+              od;
+#endif
+              if
+              :: holder > 0 -> printf("MSC: t=%d client %d: releases, hands the lock to client %d\n", now, me, holder - 1)
+              :: else -> printf("MSC: t=%d client %d: releases\n", now, me)
+              fi
            :: else -> skip
            fi
        }

@@ -32,6 +32,7 @@ const FENCE: &str = ":fence";
 const CHANNEL: &str = ":released";
 const QUEUE: &str = ":queue";
 const WAITERS: &str = ":waiters";
+const WAITING: &str = ":waiting";
 /// Semaphores: the holders (a sorted set), their token counter, their limit, their wake-ups.
 /// No semaphore suffix contains `}`, so no lock name (`<prefix>{<key>}` plus a lock suffix,
 /// whatever braces the key holds) ever equals a semaphore name.
@@ -93,6 +94,12 @@ impl Names {
     /// Fair mode: owner value → server time (ms) until which that waiter counts as alive.
     pub(crate) fn waiters(&self) -> Derived<'_> {
         self.derived(WAITERS)
+    }
+
+    /// Plain mode: set (with a short TTL) by a waiter whose attempt found the lock held; a
+    /// release publishes a wake-up only while it exists.
+    pub(crate) fn waiting(&self) -> Derived<'_> {
+        self.derived(WAITING)
     }
 
     /// Semaphore: owner value → server time (ms) at which that permit expires.
@@ -173,6 +180,7 @@ mod tests {
         assert_eq!(n.channel().to_string(), "leasehold:{jobs/nightly}:released");
         assert_eq!(n.queue().to_string(), "leasehold:{jobs/nightly}:queue");
         assert_eq!(n.waiters().to_string(), "leasehold:{jobs/nightly}:waiters");
+        assert_eq!(n.waiting().to_string(), "leasehold:{jobs/nightly}:waiting");
         // Written into a command, a derived name is one argument with the same bytes.
         let mut args: Vec<Vec<u8>> = Vec::new();
         n.fence().write_redis_args(&mut args);
@@ -205,7 +213,10 @@ mod tests {
         };
         let lock = |n: &Names| {
             let mut v = vec![n.lock().to_owned()];
-            v.extend([n.fence(), n.channel(), n.queue(), n.waiters()].map(|d| d.to_string()));
+            v.extend(
+                [n.fence(), n.channel(), n.queue(), n.waiters(), n.waiting()]
+                    .map(|d| d.to_string()),
+            );
             v
         };
         let others = |k: &str| -> Result<Vec<String>, leasehold_core::KeyError> {
@@ -266,7 +277,7 @@ mod tests {
                 "{key:?}: no hash tag in {}",
                 n.lock()
             );
-            for derived in [n.fence(), n.channel(), n.queue(), n.waiters()] {
+            for derived in [n.fence(), n.channel(), n.queue(), n.waiters(), n.waiting()] {
                 let name = derived.to_string();
                 assert_eq!(hash_tag(&name), tag, "{key:?}: {name} vs {}", n.lock());
                 assert!(seen.insert(name), "{key:?}: a name is shared");
@@ -279,7 +290,14 @@ mod tests {
             // An election's names follow the same rule: on the lock's slot, never its names.
             let e = Names::election("p:", &LockKey::new(key).unwrap());
             assert_eq!(hash_tag(e.lock()), tag, "{key:?}: {}", e.lock());
-            for derived in [e.fence(), e.channel(), e.queue(), e.waiters(), e.leader()] {
+            for derived in [
+                e.fence(),
+                e.channel(),
+                e.queue(),
+                e.waiters(),
+                e.waiting(),
+                e.leader(),
+            ] {
                 let name = derived.to_string();
                 assert_eq!(hash_tag(&name), tag, "{key:?}: {name} vs {}", e.lock());
                 assert!(seen.insert(name), "{key:?}: a name is shared");

@@ -7,8 +7,8 @@
 //! | | [`RedisBackend`] | [`RedlockBackend`] |
 //! |---|---|---|
 //! | safety | one server decides; a failover or a restart without persistence can hand the lock to a second holder | a majority decides; safe only under bounded network delay, process pauses and clock drift |
-//! | fencing token | best effort: a per-key counter, `INCR`ed in the acquire script; it **goes back** if the server loses its data | none (a quorum cannot mint a strictly increasing number without consensus) |
-//! | waiting | woken by the release message on a per-key channel, with jittered backoff as a fallback; waiters of one process queue in order; opt-in [fair mode](#fair-mode) across processes | jittered backoff, by the `Locker` |
+//! | fencing token | best effort: a per-key counter, `INCR`ed with each acquisition; it **goes back** if the server loses its data | none (a quorum cannot mint a strictly increasing number without consensus) |
+//! | waiting | woken by the release message on a per-key channel, with jittered backoff as a fallback; waiters of one process queue in order; opt-in [fair mode](#fair-mode) across processes | woken by the release message of any node (the same channel on every node), with jittered backoff as a fallback |
 //! | holder crash | the key expires after its TTL | the keys expire after their TTL |
 //!
 //! Requires Redis ≥ 6 (RESP3: release wake-ups are pushed on the shared connection); a Redis
@@ -63,8 +63,9 @@
 //! | `leasehold:{jobs/nightly}` | the lock: a string holding the owner value, with a TTL |
 //! | `leasehold:{jobs/nightly}:fence` | the fencing counter (single node only; never deleted unless `fence_ttl_ms` is set, so tokens don't restart while the server keeps its data) |
 //! | `leasehold:{jobs/nightly}:released` | the pub/sub channel the release script publishes on |
+//! | `leasehold:{jobs/nightly}:waiting` | set for a few seconds by a waiter whose attempt found the lock held: a release publishes only while it exists |
 //!
-//! The braces are a hash tag: on a Redis Cluster the three share one slot. A key beginning
+//! The braces are a hash tag: on a Redis Cluster they all share one slot. A key beginning
 //! with `}` would leave that tag empty (Redis Cluster then hashes each name whole, and the lock
 //! and its counter would sit on different slots): such a key, e.g. `}x`, is named
 //! `leasehold:~{~}}x}` (tag `~`) and its counter `leasehold:~{~}}x}:fence`. Any client that sets
@@ -77,7 +78,8 @@
 //!
 //! # What keys leave behind
 //!
-//! A released lock deletes its key, and the fair line's keys expire; the fence counter
+//! A released lock deletes its key, and the fair line's keys and a waiter's `:waiting` marker
+//! expire by themselves; the fence counter
 //! `<lock>:fence` stays: **keys must come from a bounded set** (job names, not request ids), or
 //! counters pile up without end (`leasehold-bench perf` measures the bytes one key leaves).
 //! Deleting a counter by hand restarts its tokens at 1: a token below ones already handed out.
@@ -104,7 +106,14 @@
 //!   hash tag. A waiting acquire joins the line and asks again (on the release message, or at
 //!   least every third of the grace period), which keeps its place.
 //! - A free lock is granted only to the head of the line (or to anyone when the line is empty).
-//!   `try_acquire` never joins the line and never jumps it.
+//!   A release does not free a lock with a line: it hands it to the first waiter still alive
+//!   (sets it to that waiter's owner value for the grace period) and publishes that owner value,
+//!   so only that waiter acts on the message; it claims the lock (re-armed for its TTL, with the
+//!   next fencing token) in its next attempt.
+//! - `try_acquire` never joins the line. It is the plain `SET NX` of the uncontended path, so
+//!   fair mode costs the server no more than plain mode until someone waits; since a lock with a
+//!   line is handed over rather than freed, a try can only take it ahead of the line after its
+//!   holder let it expire.
 //! - Mutual exclusion is exactly that of plain mode (the lock is still `SET` only when absent);
 //!   the line only decides *who* may take a free lock. Time is the server's (`TIME` in the
 //!   script), never a client clock.
@@ -155,9 +164,14 @@
 //!
 //! # The scripts
 //!
-//! Acquire is one round trip: `SET key owner NX PX ttl` and, when it succeeds, `INCR` of the
-//! fence counter, in one Lua script. Release is compare-and-delete (and `PUBLISH` on the wake-up
-//! channel); extend is compare-and-`PEXPIRE`. Scripts run by SHA and are reloaded on `NOSCRIPT`.
+//! Acquire is one round trip: `SET key owner NX PX ttl` and `INCR` of the fence counter,
+//! pipelined (plain commands cost the server far less than a script; why the tokens still follow
+//! the order of grants is said at `Node::take`; a Redis Cluster, or a counter with
+//! `fence_ttl_ms`, runs them as one Lua script). A
+//! waiting attempt is one script that also announces the waiter (the `:waiting` key, or the fair
+//! line) when the lock is held. Release is compare-and-delete, and `PUBLISH` on the wake-up
+//! channel only if a waiter announced itself; extend is compare-and-`PEXPIRE`. Scripts run by
+//! SHA and are reloaded on `NOSCRIPT`.
 //! All leases of one backend share one multiplexed, auto-reconnecting connection per server.
 //!
 //! # Renewal in batches
@@ -191,6 +205,14 @@
 //!   `PEXPIRE`), and never sets a missing key again: an extend still in flight when the lease
 //!   is released (both go to every node, in any order) cannot bring the lock back. A node that
 //!   restarted empty stays without our key, and the extend needs a majority of the others.
+//! - A release or an extend that has no majority yet when the per-node timeouts expire, while
+//!   the nodes that timed out could still make one, waits up to 1 s for their late answers
+//!   (their requests go on in the background): a grant held on a bare majority, one of whose
+//!   nodes is slow, is not reported as "not ours" (or lost) because of that node alone.
+//! - A waiting acquire subscribes to the key's release channel on every node it can reach (RESP3
+//!   pushes on the node's shared connection), announces itself on each node that finds the key
+//!   held (the `:waiting` key, as on one server), and starts the next round on the first release
+//!   message from any node, with jittered backoff (50 ms to 1 s) as the fallback.
 //! - Nodes connect lazily: a node that is down does not stop the backend, and is used again when
 //!   it returns.
 //!
@@ -218,6 +240,7 @@ mod fence;
 mod keys;
 mod node;
 mod options;
+mod quorum;
 mod redlock;
 mod renew;
 mod replica;
@@ -267,8 +290,8 @@ pub mod fuzzing {
     use redis::Value;
 
     /// The Redis names of a lock under `prefix`: the lock, its fence counter, its wake-up
-    /// channel, its fair queue and its waiters.
-    pub fn names(prefix: &str, key: &LockKey) -> [String; 5] {
+    /// channel, its fair queue, its fair waiters and its waiting marker.
+    pub fn names(prefix: &str, key: &LockKey) -> [String; 6] {
         let n = crate::keys::Names::new(prefix, key);
         [
             n.lock().to_owned(),
@@ -276,6 +299,7 @@ pub mod fuzzing {
             n.channel().to_string(),
             n.queue().to_string(),
             n.waiters().to_string(),
+            n.waiting().to_string(),
         ]
     }
 
@@ -289,6 +313,8 @@ pub mod fuzzing {
         let _ = token.map(|t| t.map(FencingToken::new));
         let _ = redis::from_redis_value_ref::<i64>(&v).map(|n| n == 1);
         let _ = redis::from_redis_value_ref::<Vec<i64>>(&v);
+        // The pipelined `SET NX` + `INCR` of a fenced acquire.
+        let _ = redis::from_redis_value_ref::<(Option<Value>, u64)>(&v);
         let inspect = redis::from_redis_value_ref::<(Option<String>, i64, Option<u64>)>(&v);
         let _ = inspect.map(|(_, pttl, _)| crate::node::remaining(pttl));
         if let Ok(ranges) = redis::from_redis_value_ref::<Vec<Value>>(&v) {

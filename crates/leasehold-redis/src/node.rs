@@ -13,7 +13,9 @@ use tokio::sync::OnceCell;
 
 use crate::fence::FenceExpiry;
 use crate::keys::Names;
-use crate::scripts::{ACQUIRE_FAIR, ACQUIRE_FENCED, EXTEND_MANY, EXTEND_MANY_CROSS_SLOT, RELEASE};
+use crate::scripts::{
+    ACQUIRE_FAIR, ACQUIRE_FENCED, ACQUIRE_OR_WAIT, EXTEND_MANY, EXTEND_MANY_CROSS_SLOT, RELEASE,
+};
 use crate::sentinel::{SentinelConn, SentinelConnector};
 
 /// What one `SET NX` found.
@@ -131,8 +133,19 @@ impl Node {
             .map_err(|e| self.error(&e, "connect"))
     }
 
-    /// `SET lock owner NX PX ttl`, and with a `fence`, the next token of the fence counter in
-    /// the same script: one round trip either way.
+    /// `SET lock owner NX PX ttl`, and with a `fence`, the next token of the fence counter: one
+    /// round trip either way.
+    ///
+    /// On one server, with the counter kept for ever (the default), the fenced form is the two
+    /// plain commands pipelined on the shared connection, the cheapest way to mint the token (a
+    /// script or a `MULTI` / `EXEC` costs the server several times an `INCR`). The `INCR` runs
+    /// whether or not the `SET` took the lock (tokens skip numbers, never go back). Tokens still
+    /// follow the order of grants: another client's `SET` can come between ours and our `INCR`
+    /// only once our key is gone, and our key can only be gone by expiring (only we know the
+    /// owner value), so our answer then arrives more than the TTL after we sent the request:
+    /// past the grant's validity, which the `Locker` never hands out. A Redis Cluster, and a
+    /// counter with an expiry ([`FenceExpiry`]: it may have to start again at the server's
+    /// clock), run [`ACQUIRE_FENCED`] (one script).
     pub(crate) async fn take(
         &self,
         names: &Names,
@@ -141,7 +154,15 @@ impl Node {
         fence: Option<FenceExpiry>,
     ) -> Result<Taken, Error> {
         let ms = ttl_ms(ttl);
-        if let Some(fence) = fence {
+        let mut set = redis::cmd("SET");
+        set.arg(names.lock())
+            .arg(owner.as_str())
+            .arg("NX")
+            .arg("PX")
+            .arg(ms);
+        if let Some(fence) = fence
+            && (self.is_cluster() || fence.0.is_some())
+        {
             let mut cmd = evalsha(&ACQUIRE_FENCED, 2, 3);
             cmd.arg(names.lock())
                 .arg(names.fence())
@@ -149,24 +170,59 @@ impl Node {
                 .arg(ms)
                 .arg(fence.arg());
             let token: Option<u64> = self.eval(&ACQUIRE_FENCED, &cmd, "acquire").await?;
-            Ok(token.map_or(Taken::Held, |t| Taken::Granted(Some(FencingToken::new(t)))))
-        } else {
-            let mut conn = self.conn().await?;
-            let set: Option<String> = redis::cmd("SET")
-                .arg(names.lock())
-                .arg(owner.as_str())
-                .arg("NX")
-                .arg("PX")
-                .arg(ms)
+            return Ok(token.map_or(Taken::Held, |t| Taken::Granted(Some(FencingToken::new(t)))));
+        }
+        let mut conn = self.conn().await?;
+        if fence.is_some() {
+            let mut tx = redis::pipe();
+            tx.add_command(set).cmd("INCR").arg(names.fence());
+            let (taken, token): (Option<redis::Value>, u64) = tx
                 .query_async(&mut conn)
                 .await
                 .map_err(|e| self.error(&e, "acquire"))?;
-            Ok(if set.is_some() {
-                Taken::Granted(None)
-            } else {
-                Taken::Held
-            })
+            return Ok(match taken {
+                Some(redis::Value::Nil) | None => Taken::Held,
+                Some(_) => Taken::Granted(Some(FencingToken::new(token))),
+            });
         }
+        let taken: Option<redis::Value> = set
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.error(&e, "acquire"))?;
+        Ok(match taken {
+            Some(redis::Value::Nil) | None => Taken::Held,
+            Some(_) => Taken::Granted(None),
+        })
+    }
+
+    /// A waiting attempt in plain mode: `SET NX PX` (and with a `fence` the next token), or,
+    /// when the lock is held, the waiter announces itself for `announce` (the release publishes
+    /// a wake-up only while some waiter has), in the same script: one round trip.
+    pub(crate) async fn take_or_wait(
+        &self,
+        names: &Names,
+        owner: &Owner,
+        ttl: Duration,
+        fence: Option<FenceExpiry>,
+        announce: Duration,
+    ) -> Result<Taken, Error> {
+        let mut cmd = evalsha(&ACQUIRE_OR_WAIT, 3, 4);
+        cmd.arg(names.lock())
+            .arg(names.fence())
+            .arg(names.waiting())
+            .arg(owner.as_str())
+            .arg(ttl_ms(ttl));
+        match fence {
+            Some(fence) => cmd.arg(fence.arg()),
+            None => cmd.arg("-"),
+        };
+        cmd.arg(ttl_ms(announce));
+        let token: Option<u64> = self.eval(&ACQUIRE_OR_WAIT, &cmd, "acquire").await?;
+        Ok(match token {
+            None => Taken::Held,
+            Some(t) if fence.is_some() => Taken::Granted(Some(FencingToken::new(t))),
+            Some(_) => Taken::Granted(None),
+        })
     }
 
     /// Fair mode: take the lock if it is free and nobody is ahead of us in line; with `enqueue`,
@@ -194,30 +250,36 @@ impl Node {
         Ok(token.map_or(Taken::Held, |t| Taken::Granted(Some(FencingToken::new(t)))))
     }
 
-    /// Compare-and-delete, waking waiters on release; in fair mode also leaves the line. True if
-    /// our grant was there.
+    /// Compare-and-delete, waking waiters on release (only if some announced themselves); in
+    /// fair mode (`fair`: the grace period) also leaves the line, and hands the lock to the
+    /// first live waiter instead of deleting it. True if our grant was there.
     pub(crate) async fn release(
         &self,
         names: &Names,
         owner: &Owner,
-        fair: bool,
+        fair: Option<Duration>,
     ) -> Result<bool, Error> {
         // The fair line's names only go along in fair mode (the script reads them only then).
-        let mut cmd = if fair {
-            let mut cmd = evalsha(&RELEASE, 4, 3);
+        let mut cmd = if fair.is_some() {
+            let mut cmd = evalsha(&RELEASE, 4, 4);
             cmd.arg(names.lock())
                 .arg(names.channel())
-                .arg(names.queue())
-                .arg(names.waiters());
+                .arg(names.waiters())
+                .arg(names.queue());
             cmd
         } else {
-            let mut cmd = evalsha(&RELEASE, 2, 3);
-            cmd.arg(names.lock()).arg(names.channel());
+            let mut cmd = evalsha(&RELEASE, 3, 3);
+            cmd.arg(names.lock())
+                .arg(names.channel())
+                .arg(names.waiting());
             cmd
         };
         cmd.arg(owner.as_str())
             .arg(if self.is_cluster() { "S" } else { "" })
-            .arg(if fair { "F" } else { "" });
+            .arg(if fair.is_some() { "F" } else { "" });
+        if let Some(grace) = fair {
+            cmd.arg(ttl_ms(grace));
+        }
         self.eval::<i64>(&RELEASE, &cmd, "release")
             .await
             .map(|n| n == 1)

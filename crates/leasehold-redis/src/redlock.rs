@@ -1,16 +1,16 @@
 //! [`RedlockBackend`]: the Redlock algorithm over N independent Redis nodes.
 
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use futures_util::StreamExt;
 use futures_util::future::join_all;
 use futures_util::stream::FuturesUnordered;
+use futures_util::{FutureExt as _, StreamExt};
 use leasehold_core::async_trait;
 use leasehold_core::{
-    Capabilities, Error, ErrorKind, ExtendRequest, FencingKind, Grant, Held, HolderInfo,
-    LockBackend, LockKey, LockRequest, NodeError, Owner, SafetyClass, Validity, WaitKind, Waited,
+    Backoff, Capabilities, Error, ErrorKind, ExtendRequest, FencingKind, Grant, Held, HolderInfo,
+    LockBackend, LockKey, LockRequest, Owner, SafetyClass, Validity, WaitKind, Waited,
 };
 use redis::aio::ConnectionManagerConfig;
 use tokio::sync::{mpsc, watch};
@@ -19,14 +19,31 @@ use tokio::time::Instant;
 use crate::config::{REDLOCK as NAME, RedlockConfig};
 use crate::keys::Names;
 use crate::node::{Connector, Node, Taken, names};
+use crate::quorum::{Outcome, Tally};
 use crate::renew::extend_on;
+use crate::wake::{Subscription, WakeHub, pushes_to, wait_on};
 
 /// What Redlock guarantees and supports: a constant, as
 /// [`LockBackend::capabilities`] requires.
 const CAPABILITIES: Capabilities =
     Capabilities::new(NAME, SafetyClass::Efficiency, FencingKind::None)
-        .with_wait(WaitKind::Poll)
+        .with_wait(WaitKind::Native)
         .with_ttl_range(Duration::from_millis(10), leasehold_core::DEFAULT_MAX_TTL);
+
+/// A waiter's fallback backoff, in case no release message comes (a holder that expired, a
+/// lost connection): it is woken by the nodes' release messages first.
+const WAIT_BACKOFF: Backoff = Backoff {
+    initial: Duration::from_millis(50),
+    max: Duration::from_secs(1),
+};
+
+/// How long a waiter's announcement on a node lives (each failed attempt renews it): past the
+/// longest fallback pause.
+const ANNOUNCE: Duration = Duration::from_secs(3);
+
+/// How long a release or an extend short of a quorum waits for the late answers of nodes that
+/// timed out (their requests go on in the background), before it says "not ours" or "lost".
+const LATE_ANSWERS: Duration = Duration::from_secs(1);
 
 /// How long counting a node's keys (SCAN, for leak checks) may take beyond the connect timeout.
 const COUNT_BOUND: Duration = Duration::from_secs(5);
@@ -43,10 +60,20 @@ pub struct RedlockBackend {
 
 /// What clones share. `Debug` shows the node names and the configuration, passwords
 /// redacted.
-#[derive(Debug)]
 struct Inner {
     nodes: Vec<Arc<Node>>,
+    /// Per node, the routing of its release messages to local waiters.
+    hubs: Vec<Arc<WakeHub>>,
     config: RedlockConfig,
+}
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inner")
+            .field("nodes", &self.nodes)
+            .field("config", &self.config)
+            .finish()
+    }
 }
 
 /// The backend-private state of a Redlock grant: per node, whether the acquire request of the
@@ -55,169 +82,18 @@ struct Round {
     finished: Vec<watch::Receiver<bool>>,
 }
 
-/// What one node said.
-#[derive(Debug)]
-enum Outcome {
-    /// Granted / extended / released.
-    Yes,
-    /// Held by another owner / not ours.
-    No,
-    /// No answer within the per-node timeout.
-    TimedOut(Duration),
-    /// An error.
-    Failed(Error),
-}
-
-impl Outcome {
-    fn from_result(
-        r: Result<Result<bool, Error>, tokio::time::error::Elapsed>,
-        t: Duration,
-    ) -> Self {
-        match r {
-            Ok(Ok(true)) => Self::Yes,
-            Ok(Ok(false)) => Self::No,
-            Ok(Err(e)) => Self::Failed(e),
-            Err(_) => Self::TimedOut(t),
-        }
-    }
-
-    fn is_fault(&self) -> bool {
-        matches!(self, Self::TimedOut(_) | Self::Failed(_))
-    }
-}
-
-/// The tally of a fan-out, and how to report it.
-struct Tally {
-    what: &'static str,
-    yes_word: &'static str,
-    no_word: &'static str,
-    outcomes: Vec<Option<Outcome>>,
-    quorum: usize,
-}
-
-impl Tally {
-    fn new(
-        what: &'static str,
-        yes: &'static str,
-        no: &'static str,
-        n: usize,
-        quorum: usize,
-    ) -> Self {
-        Self {
-            what,
-            yes_word: yes,
-            no_word: no,
-            outcomes: (0..n).map(|_| None).collect(),
-            quorum,
-        }
-    }
-
-    fn count(&self, f: impl Fn(&Outcome) -> bool) -> usize {
-        self.outcomes.iter().flatten().filter(|o| f(o)).count()
-    }
-
-    fn yes(&self) -> usize {
-        self.count(|o| matches!(o, Outcome::Yes))
-    }
-
-    fn failed(&self) -> usize {
-        self.count(|o| !matches!(o, Outcome::Yes))
-    }
-
-    fn faults(&self) -> usize {
-        self.count(Outcome::is_fault)
-    }
-
-    /// Whether a quorum of "yes" is no longer possible.
-    fn hopeless(&self) -> bool {
-        self.outcomes.len() - self.failed() < self.quorum
-    }
-
-    /// Whether faults alone rule out a quorum (then it is an error, not contention).
-    fn faults_decide(&self) -> bool {
-        self.outcomes.len() - self.faults() < self.quorum
-    }
-
-    /// Records the outcomes of a fan-out as they arrive, until a quorum said yes (`true`) or
-    /// can no longer say it (`false`).
-    async fn until_decided(&mut self, rx: &mut mpsc::UnboundedReceiver<(usize, Outcome)>) -> bool {
-        while let Some((i, outcome)) = rx.recv().await {
-            if let Some(slot) = self.outcomes.get_mut(i) {
-                *slot = Some(outcome);
-            }
-            if self.yes() >= self.quorum {
-                return true;
-            }
-            if self.hopeless() {
-                break;
-            }
-        }
-        false
-    }
-
-    /// The answer without a quorum: an error if faults alone ruled it out, else `no`
-    /// (contention, not a fault).
-    fn no_quorum<T>(self, nodes: &[Arc<Node>], no: T) -> Result<T, Error> {
-        if self.faults_decide() {
-            Err(self.error(nodes))
-        } else {
-            Ok(no)
-        }
-    }
-
-    fn error(self, nodes: &[Arc<Node>]) -> Error {
-        let mut summary = Vec::new();
-        let mut causes = Vec::new();
-        for (node, outcome) in nodes.iter().zip(self.outcomes) {
-            let said = match outcome {
-                Some(Outcome::Yes) => self.yes_word.to_owned(),
-                Some(Outcome::No) => self.no_word.to_owned(),
-                Some(Outcome::TimedOut(t)) => {
-                    causes.push(NodeError {
-                        node: node.name.clone(),
-                        error: Error::new(
-                            ErrorKind::Unavailable,
-                            NAME,
-                            format!("no answer within {t:?}"),
-                        ),
-                    });
-                    "timed out".to_owned()
-                }
-                Some(Outcome::Failed(e)) => {
-                    causes.push(NodeError {
-                        node: node.name.clone(),
-                        error: e,
-                    });
-                    "failed".to_owned()
-                }
-                None => "no answer yet".to_owned(),
-            };
-            summary.push(format!("{} {said}", node.name));
-        }
-        Error::new(
-            ErrorKind::QuorumNotReached,
-            NAME,
-            format!(
-                "{}: quorum {} of {} not reached ({})",
-                self.what,
-                self.quorum,
-                nodes.len(),
-                summary.join(", ")
-            ),
-        )
-        .with_node_errors(causes)
-    }
-}
-
 impl RedlockBackend {
     /// Makes the backend; nodes connect lazily, so a node that is down now does not stop it, and
     /// a node that comes back is used again without rebuilding anything.
     pub fn new(config: RedlockConfig) -> Result<Self, Error> {
+        let hubs: Vec<Arc<WakeHub>> = config.servers.iter().map(|_| Arc::default()).collect();
         let nodes = config
             .servers
             .iter()
-            .map(|s| {
-                let client = s.client(NAME, s.info.clone(), config.tls_ca.as_deref())?;
+            .zip(&hubs)
+            .map(|(s, hub)| {
+                // RESP3: release messages are pushed on the node's shared connection.
+                let client = s.client(NAME, s.resp3(), config.tls_ca.as_deref())?;
                 // No response timeout of the client library: every request to a node is bounded
                 // by our own per-node timeout (or by the background bound of a give-back), and a
                 // second timer per request only costs instructions.
@@ -225,6 +101,7 @@ impl RedlockBackend {
                     .set_connection_timeout(Some(config.connect_timeout))
                     .set_response_timeout(None)
                     .set_number_of_retries(1);
+                let cm = pushes_to(cm, hub);
                 Ok(Node::new(
                     NAME,
                     Connector::Single(client, cm),
@@ -233,7 +110,11 @@ impl RedlockBackend {
             })
             .collect::<Result<Vec<_>, Error>>()?;
         Ok(Self {
-            inner: Arc::new(Inner { nodes, config }),
+            inner: Arc::new(Inner {
+                nodes,
+                hubs,
+                config,
+            }),
         })
     }
 
@@ -314,7 +195,8 @@ impl RedlockBackend {
 
     /// Runs `op` on every node, all in one task, each driven to completion (bounded by `bound`)
     /// even after the caller has decided or been dropped; each node's outcome within `per_node`
-    /// arrives on the returned channel. One task for the fan-out, not one per node: a spawn
+    /// arrives on the returned channel, and for a node that timed out, its late answer too (see
+    /// [`Tally::late_quorum`]). One task for the fan-out, not one per node: a spawn
     /// costs more than the rest of a node's request on the client.
     fn spawn_all<F, Fut>(
         &self,
@@ -341,7 +223,10 @@ impl RedlockBackend {
                         Ok(r) => drop(tx.send((i, Outcome::from_result(Ok(r), per_node)))),
                         Err(_) => {
                             drop(tx.send((i, Outcome::TimedOut(per_node))));
-                            let _ = tokio::time::timeout(bound.saturating_sub(per_node), fut).await;
+                            let rest = bound.saturating_sub(per_node);
+                            if let Ok(r) = tokio::time::timeout(rest, fut).await {
+                                drop(tx.send((i, Outcome::from_result(Ok(r), per_node))));
+                            }
                         }
                     }
                 }
@@ -351,8 +236,19 @@ impl RedlockBackend {
         rx
     }
 
-    /// One Redlock acquisition round.
-    async fn acquire_round(&self, req: &LockRequest<'_>) -> Result<Option<Grant>, Error> {
+    /// One Redlock acquisition round; with `announce`, a waiter's: each node that finds the
+    /// lock held records that someone waits (for that long), so its release publishes.
+    ///
+    /// `after`: per node, when the previous round of the same owner value is settled there
+    /// (its give-back sent and answered, or not needed); this round's request to a node waits
+    /// for it (bounded like a give-back), or the give-back could delete what this round takes.
+    /// Returns the same signals for this round.
+    async fn acquire_round(
+        &self,
+        req: &LockRequest<'_>,
+        announce: Option<Duration>,
+        after: &[watch::Receiver<bool>],
+    ) -> (Result<Option<Grant>, Error>, Vec<watch::Receiver<bool>>) {
         let names = names(&self.inner.config.prefix, req.key);
         let owner = req.owner.clone();
         let ttl = req.ttl;
@@ -364,6 +260,10 @@ impl RedlockBackend {
         // future was dropped) means give back.
         let (decide, decision) = watch::channel(None::<bool>);
         let (done, finished): (Vec<_>, Vec<_>) = (0..n).map(|_| watch::channel(false)).unzip();
+        let (settle, settled): (Vec<_>, Vec<_>) = (0..n).map(|_| watch::channel(false)).unzip();
+        let mut after: Vec<Option<watch::Receiver<bool>>> =
+            after.iter().cloned().map(Some).collect();
+        after.resize(n, None);
         let inner = Arc::clone(&self.inner);
         // One task drives the requests to every node (and any give-back after them) to
         // completion, whatever happens to this future.
@@ -373,11 +273,23 @@ impl RedlockBackend {
                 .nodes
                 .iter()
                 .zip(done)
+                .zip(settle.into_iter().zip(after))
                 .enumerate()
-                .map(|(i, (node, done))| {
+                .map(|(i, ((node, done), (settle, mut after)))| {
                     let mut decision = decision.clone();
                     async move {
-                        let r = tokio::time::timeout(per_node, node.take(names, owner, ttl, None))
+                        // Before the per-node timer: a give-back still on its way must not
+                        // cost this round the node (bounded like the give-back itself).
+                        if let Some(prev) = after.as_mut() {
+                            let _ = tokio::time::timeout(bound, prev.wait_for(|s| *s)).await;
+                        }
+                        let take = async {
+                            match announce {
+                                Some(a) => node.take_or_wait(names, owner, ttl, None, a).await,
+                                None => node.take(names, owner, ttl, None).await,
+                            }
+                        };
+                        let r = tokio::time::timeout(per_node, take)
                             .await
                             .map(|r| r.map(|t| matches!(t, Taken::Granted(_))));
                         // From here on no SET of this round can reach the node after a later
@@ -402,13 +314,33 @@ impl RedlockBackend {
                             give_back(node, names, owner, bound).await;
                         }
                     }
+                    .then(move |()| {
+                        settle.send_replace(true);
+                        std::future::ready(())
+                    })
                 })
                 .collect();
             drop(decision);
             all.for_each(|()| std::future::ready(())).await;
         });
         let mut tally = self.tally("acquire", "granted", "held by another owner");
-        if tally.until_decided(&mut rx).await {
+        let decided = tally.until_decided(&mut rx).await;
+        let result = self.decide(req, decided, tally, finished, &decide);
+        (result, settled)
+    }
+
+    /// The outcome of a round, given whether a quorum said yes; tells the round's task to keep
+    /// or give back what it took.
+    fn decide(
+        &self,
+        req: &LockRequest<'_>,
+        quorum: bool,
+        tally: Tally,
+        finished: Vec<watch::Receiver<bool>>,
+        decide: &watch::Sender<Option<bool>>,
+    ) -> Result<Option<Grant>, Error> {
+        let ttl = req.ttl;
+        if quorum {
             if self.validity_left(req.started, ttl).is_some() {
                 decide.send_replace(Some(true));
                 let state = Round { finished };
@@ -432,7 +364,7 @@ impl RedlockBackend {
 
 /// Compare-and-delete on one node, bounded; failures are logged (the key expires by TTL).
 async fn give_back(node: &Node, names: &Names, owner: &Owner, bound: Duration) {
-    match tokio::time::timeout(bound, node.release(names, owner, false)).await {
+    match tokio::time::timeout(bound, node.release(names, owner, None)).await {
         Ok(Ok(_)) => {}
         Ok(Err(e)) => tracing::debug!(node = %node.name, error = %e, "redlock: give-back failed"),
         Err(_) => tracing::debug!(node = %node.name, "redlock: give-back timed out"),
@@ -450,11 +382,49 @@ impl LockBackend for RedlockBackend {
     }
 
     async fn try_lock(&self, req: LockRequest<'_>) -> Result<Option<Grant>, Error> {
-        self.acquire_round(&req).await
+        self.acquire_round(&req, None, &[]).await.0
     }
 
-    async fn wait_lock(&self, _req: LockRequest<'_>, _deadline: Instant) -> Result<Waited, Error> {
-        Err(Error::no_native_wait(NAME, "Redlock has no native wait"))
+    /// Waits on the nodes' release messages: subscribed to the key's channel on every node it
+    /// can reach (the channel single-node Redis uses), each round announces the waiter on the
+    /// nodes that found the key held, and the first message from any node starts the next
+    /// round. A jittered backoff covers a message that never comes.
+    async fn wait_lock(&self, req: LockRequest<'_>, deadline: Instant) -> Result<Waited, Error> {
+        let channel = names(&self.inner.config.prefix, req.key)
+            .channel()
+            .to_string();
+        let per_node = self.node_timeout(req.ttl);
+        // A node that cannot subscribe now only wakes us late (by the backoff): left out.
+        let subs: Vec<Subscription> = join_all(self.inner.nodes.iter().zip(&self.inner.hubs).map(
+            |(node, hub)| tokio::time::timeout(per_node, Subscription::new(node, hub, &channel)),
+        ))
+        .await
+        .into_iter()
+        .filter_map(|r| r.ok().and_then(Result::ok))
+        .collect();
+        // Every round of this wait uses the same owner value: each round's request to a node
+        // goes after the previous round's give-back there.
+        let previous = Mutex::new(Vec::new());
+        wait_on(
+            &subs,
+            deadline,
+            |a| WAIT_BACKOFF.delay(a),
+            None,
+            |started| {
+                let attempt = LockRequest::new(req.key, req.owner, req.ttl, started, req.monitor);
+                let previous = &previous;
+                async move {
+                    let after = std::mem::take(
+                        &mut *previous.lock().unwrap_or_else(PoisonError::into_inner),
+                    );
+                    let (result, settled) =
+                        self.acquire_round(&attempt, Some(ANNOUNCE), &after).await;
+                    *previous.lock().unwrap_or_else(PoisonError::into_inner) = settled;
+                    result
+                }
+            },
+        )
+        .await
     }
 
     async fn release(&self, held: Held<'_>) -> Result<bool, Error> {
@@ -476,11 +446,15 @@ impl LockBackend for RedlockBackend {
                 if let Some(f) = finished.as_mut() {
                     let _ = f.wait_for(|done| *done).await;
                 }
-                node.release(&names, &owner, false).await
+                node.release(&names, &owner, None).await
             }
         });
         let mut tally = self.tally("release", "released", "not ours");
-        if tally.until_decided(&mut rx).await {
+        if tally.until_decided(&mut rx).await
+            || tally
+                .late_quorum(&mut rx, Instant::now() + LATE_ANSWERS)
+                .await
+        {
             return Ok(true);
         }
         tally.no_quorum(&self.inner.nodes, false)
@@ -498,7 +472,8 @@ impl LockBackend for RedlockBackend {
             async move { node.extend(&names, &owner, ttl, false).await }
         });
         let mut tally = self.tally("extend", "extended", "held by another owner");
-        if tally.until_decided(&mut rx).await {
+        let late = (req.started + ttl).min(Instant::now() + LATE_ANSWERS);
+        if tally.until_decided(&mut rx).await || tally.late_quorum(&mut rx, late).await {
             return Ok(self
                 .validity_left(req.started, ttl)
                 .map(|_| req.ttl_validity()));

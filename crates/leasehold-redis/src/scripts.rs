@@ -37,36 +37,47 @@ const NEXT_TOKEN_FN: &str = r"local function next_token(key, ttl)
   return n
 end";
 
-/// Fair mode. `KEYS[1]` lock, `KEYS[2]` fence counter, `KEYS[3]` queue (list of owner values),
-/// `KEYS[4]` waiters (zset: owner value → server time in ms until which the waiter counts as
-/// alive); `ARGV[1]` owner, `ARGV[2]` ttl in ms, `ARGV[3]` `1` to join the queue, `ARGV[4]` how
-/// long (ms) a waiter stays in line without asking again, `ARGV[5]` the fence counter's expiry
-/// (as in [`ACQUIRE_FENCED`]).
+/// Fair mode, a waiting attempt. `KEYS[1]` lock, `KEYS[2]` fence counter, `KEYS[3]` queue
+/// (list of owner values), `KEYS[4]` waiters (zset: owner value → server time in ms until which
+/// the waiter counts as alive); `ARGV[1]` owner, `ARGV[2]` ttl in ms, `ARGV[3]` `1` to join
+/// the queue, `ARGV[4]` how long (ms) a waiter stays in line without asking again, `ARGV[5]`
+/// the fence counter's expiry (as in [`ACQUIRE_FENCED`]).
 ///
-/// Drops waiters at the head of the line that stopped asking; grants the lock (and the next
-/// fencing token) only if it is free **and** nobody is ahead of us in line; else, when asked,
-/// joins the line or refreshes our place. Time is the server's (`TIME`), never a client clock.
+/// A lock that [`RELEASE`] handed to us (it holds our owner value) is claimed: re-armed for our
+/// TTL, with the next fencing token. Else drops waiters at the head of the line that stopped
+/// asking; grants a free lock (and the next token) only if nobody is ahead of us in line; else,
+/// when asked, joins the line or refreshes our place. Time is the server's (`TIME`), never a
+/// client clock. The uncontended path never runs this script: a try is a plain `SET NX`, which
+/// cannot jump the line because a release hands the lock to the head instead of freeing it.
 pub(crate) static ACQUIRE_FAIR: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         "{NEXT_TOKEN_FN}
+local cur = redis.call('GET', KEYS[1])
+if cur == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  redis.call('ZREM', KEYS[4], ARGV[1])
+  return next_token(KEYS[2], ARGV[5])
+end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-while true do
-  local head = redis.call('LINDEX', KEYS[3], 0)
-  if not head then break end
-  local alive = redis.call('ZSCORE', KEYS[4], head)
-  if alive and tonumber(alive) > now then break end
-  redis.call('LPOP', KEYS[3])
-  redis.call('ZREM', KEYS[4], head)
-end
-local head = redis.call('LINDEX', KEYS[3], 0)
-if redis.call('EXISTS', KEYS[1]) == 0 and ((not head) or head == ARGV[1]) then
-  if head then
+if not cur then
+  while true do
+    local head = redis.call('LINDEX', KEYS[3], 0)
+    if not head then break end
+    local alive = redis.call('ZSCORE', KEYS[4], head)
+    if alive and tonumber(alive) > now then break end
     redis.call('LPOP', KEYS[3])
-    redis.call('ZREM', KEYS[4], ARGV[1])
+    redis.call('ZREM', KEYS[4], head)
   end
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-  return next_token(KEYS[2], ARGV[5])
+  local head = redis.call('LINDEX', KEYS[3], 0)
+  if (not head) or head == ARGV[1] then
+    if head then
+      redis.call('LPOP', KEYS[3])
+      redis.call('ZREM', KEYS[4], ARGV[1])
+    end
+    redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+    return next_token(KEYS[2], ARGV[5])
+  end
 end
 if ARGV[3] == '1' then
   local grace = tonumber(ARGV[4])
@@ -81,25 +92,71 @@ return false
     ))
 });
 
-/// `KEYS[1]` lock, `KEYS[2]` wake-up channel, and in fair mode only `KEYS[3]` fair queue,
-/// `KEYS[4]` fair waiters;
-/// `ARGV[1]` owner, `ARGV[2]` `S` to publish on the sharded channel (Redis Cluster: the channel
-/// lives on the lock's slot), `ARGV[3]` `F` in fair mode (also leave the line, if queued).
-/// Deletes the lock only if it holds our owner value, then wakes waiters. 1 if deleted, else 0.
+/// A waiting acquire (plain mode, single node and Redlock). `KEYS[1]` lock, `KEYS[2]` fence
+/// counter, `KEYS[3]` waiting marker; `ARGV[1]` owner, `ARGV[2]` ttl in ms, `ARGV[3]` `-` for
+/// no fencing token, else the fence counter's expiry (as in [`ACQUIRE_FENCED`]), `ARGV[4]` how
+/// long (ms) the marker lives.
+///
+/// Sets the lock if absent and returns the next fencing token (0 unfenced); else announces the
+/// waiter (sets the marker, in the same atomic step as the failed attempt, so a release that
+/// follows always sees it) and returns nil.
+pub(crate) static ACQUIRE_OR_WAIT: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        "{NEXT_TOKEN_FN}
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  if ARGV[3] == '-' then
+    return 0
+  end
+  return next_token(KEYS[2], ARGV[3])
+end
+redis.call('SET', KEYS[3], '1', 'PX', ARGV[4])
+return false
+"
+    ))
+});
+
+/// `KEYS[1]` lock, `KEYS[2]` wake-up channel, `KEYS[3]` waiting marker (plain mode: the marker
+/// [`ACQUIRE_OR_WAIT`] sets; fair mode: the waiters set), and in fair mode only `KEYS[4]` fair
+/// queue; `ARGV[1]` owner, `ARGV[2]` `S` to publish on the sharded channel (Redis Cluster: the
+/// channel lives on the lock's slot), `ARGV[3]` `F` in fair mode (also leave the line, if
+/// queued), and in fair mode `ARGV[4]` the grace period in ms.
+///
+/// Only if the lock holds our owner value: in fair mode, hands it to the first waiter in line
+/// still alive (sets it to that waiter's owner value for the grace period, in which the waiter
+/// claims it with [`ACQUIRE_FAIR`]) and publishes that owner value, so only that waiter needs
+/// to act; else deletes it and wakes waiters, if any announced themselves: with nobody
+/// waiting, a release publishes nothing. 1 if it held our value, else 0.
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r"{WAKE_FN}
 if ARGV[3] == 'F' then
-  if redis.call('ZREM', KEYS[4], ARGV[1]) == 1 then
-    redis.call('LREM', KEYS[3], 1, ARGV[1])
+  if redis.call('ZREM', KEYS[3], ARGV[1]) == 1 then
+    redis.call('LREM', KEYS[4], 1, ARGV[1])
   end
 end
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('DEL', KEYS[1])
-  wake(KEYS[2], ARGV[1], ARGV[2])
-  return 1
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return 0
 end
-return 0
+if ARGV[3] == 'F' and redis.call('EXISTS', KEYS[4]) == 1 then
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  while true do
+    local head = redis.call('LPOP', KEYS[4])
+    if not head then break end
+    local alive = redis.call('ZSCORE', KEYS[3], head)
+    if alive and tonumber(alive) > now then
+      redis.call('SET', KEYS[1], head, 'PX', ARGV[4])
+      wake(KEYS[2], head, ARGV[2])
+      return 1
+    end
+    redis.call('ZREM', KEYS[3], head)
+  end
+end
+redis.call('DEL', KEYS[1])
+if redis.call('EXISTS', KEYS[3]) == 1 then
+  wake(KEYS[2], ARGV[1], ARGV[2])
+end
+return 1
 "
     ))
 });

@@ -31,7 +31,9 @@
 //! As for locks: one server decides, so a failover or a restart without persistence can lose
 //! the set and admit more than N holders; tokens are best effort (the counter goes back with
 //! lost data). Waiters are woken by the release message, with jittered backoff as a fallback
-//! (an expired permit sends no message). Renewal re-arms each permit with one script call
+//! (an expired permit sends no message). Unlike a lock's release, which publishes only while a
+//! waiter has announced itself (`:waiting`), every permit release publishes: a permit cycle
+//! runs a script on the server's clock anyway, and its waiters announce nothing. Renewal re-arms each permit with one script call
 //! (`extend_each`).
 
 use std::sync::Arc;
@@ -49,7 +51,7 @@ use tokio::time::Instant;
 use crate::keys::Names;
 use crate::node::{Node, evalsha, names, ttl_ms};
 use crate::scripts::WAKE_FN;
-use crate::wake::{Subscription, WakeHub};
+use crate::wake::{Subscription, WakeHub, wait_on};
 
 /// The server time in ms, and the sweep of expired permits from `KEYS[1]`.
 const NOW_AND_SWEEP: &str = r"local t = redis.call('TIME')
@@ -234,10 +236,16 @@ impl LockBackend for RedisPermits {
         let channel = self.names(req.key).permit_channel().to_string();
         let sub = Subscription::new(&self.node, &self.wake, &channel).await?;
         let pause = |attempts| self.backoff.delay(attempts);
-        sub.wait(deadline, pause, |started| {
-            let attempt = LockRequest::new(req.key, req.owner, req.ttl, started, req.monitor);
-            async move { self.attempt(&attempt).await }
-        })
+        wait_on(
+            std::slice::from_ref(&sub),
+            deadline,
+            pause,
+            None,
+            |started| {
+                let attempt = LockRequest::new(req.key, req.owner, req.ttl, started, req.monitor);
+                async move { self.attempt(&attempt).await }
+            },
+        )
         .await
     }
 

@@ -10,9 +10,9 @@ use leasehold_core::{
     HolderInfo, LockBackend, LockKey, LockRequest, PermitBackend, PermitLimit, SafetyClass,
     Validity, WaitKind, Waited,
 };
+use redis::ProtocolVersion;
 use redis::aio::ConnectionManagerConfig;
 use redis::cluster::ClusterClient;
-use redis::{ProtocolVersion, PushInfo};
 use tokio::time::Instant;
 
 use crate::config::{Deployment, REDIS as NAME, RedisConfig, invalid};
@@ -23,7 +23,7 @@ use crate::renew::extend_on;
 use crate::replica::{ReplicaSync, Source};
 use crate::semaphore::RedisPermits;
 use crate::sentinel::SentinelConnector;
-use crate::wake::{Subscription, WakeHub};
+use crate::wake::{Subscription, WakeHub, pushes_to, wait_on};
 
 /// What single-node Redis guarantees and supports: a constant, as
 /// [`LockBackend::capabilities`] requires.
@@ -33,6 +33,10 @@ const CAPABILITIES: Capabilities =
         .with_ttl_range(Duration::from_millis(10), leasehold_core::DEFAULT_MAX_TTL)
         .with_semaphores()
         .with_elections();
+
+/// How long a waiter's announcement outlives the longest pause between its attempts (each
+/// failed attempt renews it).
+const ANNOUNCE_SLACK: Duration = Duration::from_secs(1);
 
 /// Locks on one Redis server: an *efficiency* lock with a best-effort fencing token.
 ///
@@ -72,28 +76,23 @@ impl RedisBackend {
     /// Connects to the server in `config`.
     pub async fn connect(config: RedisConfig) -> Result<Self, Error> {
         let wake = Arc::new(WakeHub::default());
-        let hub = Arc::clone(&wake);
-        let manager = |hub: Arc<WakeHub>| {
-            ConnectionManagerConfig::new()
+        let manager = |hub: &Arc<WakeHub>| {
+            let cm = ConnectionManagerConfig::new()
                 .set_connection_timeout(Some(config.connect_timeout))
                 .set_response_timeout(Some(config.response_timeout))
-                .set_number_of_retries(1)
-                .set_automatic_resubscription()
-                .set_push_sender(move |push: PushInfo| {
-                    hub.on_push(push);
-                    Ok::<(), redis::aio::SendError>(())
-                })
+                .set_number_of_retries(1);
+            pushes_to(cm, hub)
         };
         let mut sync = None;
         let connector = match &config.deployment {
             Deployment::Server(server) => {
                 let client = server.client(NAME, server.resp3(), config.tls_ca.as_deref())?;
                 sync = Some(Source::Client(Box::new(client.clone())));
-                Connector::Single(client, manager(hub))
+                Connector::Single(client, manager(&wake))
             }
             Deployment::Sentinel(target) => {
                 let client = target.client(NAME, config.tls_ca.as_deref())?;
-                let s = Arc::new(SentinelConnector::new(client, manager(hub)));
+                let s = Arc::new(SentinelConnector::new(client, manager(&wake)));
                 sync = Some(Source::Sentinel(Arc::clone(&s)));
                 Connector::Sentinel(s)
             }
@@ -115,10 +114,7 @@ impl RedisBackend {
                     // A master that is down must fail its slots' requests quickly, not after
                     // the client library's default sixteen retries.
                     .retries(2)
-                    .push_sender(move |push: PushInfo| {
-                        hub.on_push(push);
-                        Ok::<(), redis::aio::SendError>(())
-                    })
+                    .push_sender(WakeHub::sender(&wake))
                     .build()
                     .map_err(|e| {
                         invalid(NAME, format!("{}: {}", config.redacted_url(), e.category()))
@@ -179,18 +175,30 @@ impl RedisBackend {
         (&self.inner.node, &self.inner.wake)
     }
 
-    /// One attempt; in fair mode, `enqueue` joins the line (or refreshes our place in it).
+    /// One attempt; `enqueue` (a waiting attempt) announces the waiter, in fair mode by joining
+    /// the line (or refreshing our place in it, or claiming the lock a release handed us).
     async fn attempt(&self, req: &LockRequest<'_>, enqueue: bool) -> Result<Option<Grant>, Error> {
         let names = self.names(req.key);
         let fence = FenceExpiry(self.inner.config.fence_ttl);
         let taken = match self.inner.config.fair {
-            Some(grace) => {
+            Some(grace) if enqueue => {
                 self.inner
                     .node
                     .take_fair(&names, req.owner, req.ttl, enqueue, grace, fence)
                     .await?
             }
-            None => {
+            // A waiting attempt announces the waiter when the lock is held, so the release
+            // wakes it; a try (the uncontended path) is a plain `SET NX`, in fair mode too: a
+            // release hands a lock with a line to its head, so a free lock has no line to jump
+            // (unless its holder let it expire).
+            None if enqueue => {
+                let announce = self.inner.config.wait_backoff.max * 2 + ANNOUNCE_SLACK;
+                self.inner
+                    .node
+                    .take_or_wait(&names, req.owner, req.ttl, Some(fence), announce)
+                    .await?
+            }
+            _ => {
                 self.inner
                     .node
                     .take(&names, req.owner, req.ttl, Some(fence))
@@ -225,7 +233,7 @@ impl RedisBackend {
 
     /// Releases `owner`'s grant (or place in the fair line) on `key` in a task.
     fn give_back(&self, key: &LockKey, owner: &leasehold_core::Owner) {
-        let fair = self.inner.config.fair.is_some();
+        let fair = self.inner.config.fair;
         let (node, names, owner) = (Arc::clone(&self.inner.node), self.names(key), owner.clone());
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             drop(rt.spawn(async move {
@@ -348,18 +356,25 @@ impl LockBackend for RedisBackend {
         .await?;
         // Woken by the release message, or after a jittered backoff in case a message was
         // lost. In fair mode the backoff also keeps our place in line: we ask again well
-        // within the grace period.
+        // within the grace period, and a release message names the waiter it handed the lock
+        // to: only that one acts on it.
         let config = &self.inner.config;
         let pause = |attempts| match config.fair {
             Some(grace) => config.wait_backoff.delay(attempts).min(grace / 3),
             None => config.wait_backoff.delay(attempts),
         };
-        let waited = sub
-            .wait(deadline, pause, |started| {
+        let only_for = config.fair.map(|_| req.owner.as_str());
+        let waited = wait_on(
+            std::slice::from_ref(&sub),
+            deadline,
+            pause,
+            only_for,
+            |started| {
                 let attempt = LockRequest::new(req.key, req.owner, req.ttl, started, req.monitor);
                 async move { self.attempt(&attempt, true).await }
-            })
-            .await?;
+            },
+        )
+        .await?;
         if waited.grant.is_none() {
             self.leave_line(req.key, req.owner);
         }
@@ -370,7 +385,7 @@ impl LockBackend for RedisBackend {
         let names = self.names(held.key);
         self.inner
             .node
-            .release(&names, held.owner, self.inner.config.fair.is_some())
+            .release(&names, held.owner, self.inner.config.fair)
             .await
     }
 

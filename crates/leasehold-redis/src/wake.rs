@@ -1,16 +1,21 @@
-//! Release wake-ups: RESP3 pushes on the shared connection routed to the tasks waiting on a
-//! channel, with one subscription per channel while anyone waits on it (locks and semaphores).
+//! Release wake-ups: the RESP3 pushes of a node's shared connection routed to the tasks that
+//! wait on a channel, and one subscription per channel for as long as some local task waits on
+//! it (locks, elections and semaphores). The single-node backend keeps one hub; Redlock one per
+//! node.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use std::future::Future;
+use std::pin::Pin;
+use std::task::Poll;
 use std::time::Duration;
 
 use leasehold_core::{Error, Grant, Waited};
 use redis::{PushInfo, PushKind, Value};
 use tokio::sync::Notify;
+use tokio::sync::futures::Notified;
 use tokio::time::Instant;
 
 use crate::node::Node;
@@ -25,7 +30,10 @@ pub(crate) struct WakeHub {
 /// One wake-up channel: its waiters, how many hold it, and whether we are subscribed.
 #[derive(Default)]
 pub(crate) struct Channel {
-    pub(crate) notify: Notify,
+    notify: Notify,
+    /// The last message (its payload), set before its waiters are woken; `None` after a
+    /// disconnection (a message may have been missed: it concerns everyone).
+    last: Mutex<Option<Vec<u8>>>,
     /// Guarded by the hub's map lock.
     refs: std::sync::atomic::AtomicUsize,
     /// Serialises SUBSCRIBE and UNSUBSCRIBE of this channel, so an unsubscribe left over from
@@ -33,20 +41,48 @@ pub(crate) struct Channel {
     subscribed: tokio::sync::Mutex<bool>,
 }
 
+impl Channel {
+    fn last(&self) -> std::sync::MutexGuard<'_, Option<Vec<u8>>> {
+        self.last.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether the last message may concern the waiter `owner`: it named `owner`, or named
+    /// nobody in particular (a disconnection).
+    fn last_names(&self, owner: &str) -> bool {
+        self.last().as_deref().is_none_or(|p| p == owner.as_bytes())
+    }
+}
+
 impl WakeHub {
-    pub(crate) fn on_push(&self, push: PushInfo) {
+    /// The push handler of a connection whose pushes go to `hub`.
+    pub(crate) fn sender(
+        hub: &Arc<Self>,
+    ) -> impl Fn(PushInfo) -> Result<(), redis::aio::SendError> + Send + Sync + 'static {
+        let hub = Arc::clone(hub);
+        move |push: PushInfo| {
+            hub.on_push(push);
+            Ok(())
+        }
+    }
+
+    fn on_push(&self, push: PushInfo) {
         match push.kind {
             PushKind::Message | PushKind::SMessage => {
                 if let Some(Value::BulkString(channel)) = push.data.first()
                     && let Ok(channel) = std::str::from_utf8(channel)
                     && let Some(c) = self.lock().get(channel)
                 {
+                    *c.last() = match push.data.get(1) {
+                        Some(Value::BulkString(p)) => Some(p.clone()),
+                        _ => None,
+                    };
                     c.notify.notify_waiters();
                 }
             }
             // The connection dropped: a release may have been missed; let everyone look again.
             PushKind::Disconnection => {
                 for c in self.lock().values() {
+                    *c.last() = None;
                     c.notify.notify_waiters();
                 }
             }
@@ -64,7 +100,7 @@ pub(crate) struct Subscription {
     node: Arc<Node>,
     hub: Arc<WakeHub>,
     name: String,
-    pub(crate) channel: Arc<Channel>,
+    channel: Arc<Channel>,
 }
 
 impl Subscription {
@@ -93,42 +129,6 @@ impl Subscription {
         }
         drop(subscribed);
         Ok(sub)
-    }
-
-    /// Runs `attempt` (given the instant it starts) until it grants or `deadline` passes, and
-    /// between attempts waits for a release message on this channel or `pause(attempts)`,
-    /// whichever comes first: a message can be lost across a reconnect, and a holder that
-    /// expires instead of releasing sends none. At the deadline: no grant, with the attempts.
-    pub(crate) async fn wait<F, Fut>(
-        &self,
-        deadline: Instant,
-        pause: impl Fn(u32) -> Duration,
-        mut attempt: F,
-    ) -> Result<Waited, Error>
-    where
-        F: FnMut(Instant) -> Fut,
-        Fut: Future<Output = Result<Option<Grant>, Error>>,
-    {
-        let mut attempts = 0u32;
-        loop {
-            // Armed before the attempt, so a release in between is not missed.
-            let woken = self.channel.notify.notified();
-            tokio::pin!(woken);
-            woken.as_mut().enable();
-            attempts += 1;
-            if let Some(grant) = attempt(Instant::now()).await? {
-                return Ok(Waited::new(Some(grant), attempts));
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                return Ok(Waited::new(None, attempts));
-            }
-            let until = (now + pause(attempts).max(Duration::from_millis(1))).min(deadline);
-            tokio::select! {
-                () = &mut woken => {}
-                () = tokio::time::sleep_until(until) => {}
-            }
-        }
     }
 }
 
@@ -172,4 +172,87 @@ impl Drop for Subscription {
             }));
         }
     }
+}
+
+/// Runs `attempt` (given the instant it starts) until it grants or `deadline` passes, and
+/// between attempts waits for a release message on any of `subs` or `pause(attempts)`,
+/// whichever comes first: a message can be lost across a reconnect, and a holder that expires
+/// instead of releasing sends none. With `only_for` (fair mode: a release names the waiter it
+/// handed the lock to), a message naming another owner does not end the pause, so only the
+/// waiter named acts on it: no herd of attempts per release. At the deadline: no grant, with
+/// the attempts.
+pub(crate) async fn wait_on<F, Fut>(
+    subs: &[Subscription],
+    deadline: Instant,
+    pause: impl Fn(u32) -> Duration,
+    only_for: Option<&str>,
+    mut attempt: F,
+) -> Result<Waited, Error>
+where
+    F: FnMut(Instant) -> Fut,
+    Fut: Future<Output = Result<Option<Grant>, Error>>,
+{
+    let mut attempts = 0u32;
+    loop {
+        // Armed before the attempt, so a release in between is not missed.
+        let mut woken = armed(subs);
+        attempts += 1;
+        if let Some(grant) = attempt(Instant::now()).await? {
+            return Ok(Waited::new(Some(grant), attempts));
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return Ok(Waited::new(None, attempts));
+        }
+        let until = (now + pause(attempts).max(Duration::from_millis(1))).min(deadline);
+        let for_us = || only_for.is_none_or(|o| subs.iter().any(|s| s.channel.last_names(o)));
+        loop {
+            tokio::select! {
+                () = any(&mut woken) => {}
+                () = tokio::time::sleep_until(until) => break,
+            }
+            if for_us() {
+                break;
+            }
+            woken = armed(subs);
+            // A message for us that came before we listened again is in `last`.
+            if for_us() {
+                break;
+            }
+        }
+    }
+}
+
+/// A wake-up future per subscription, each enabled (registered with its channel) at once.
+fn armed(subs: &[Subscription]) -> Vec<Pin<Box<Notified<'_>>>> {
+    subs.iter()
+        .map(|s| {
+            let mut n = Box::pin(s.channel.notify.notified());
+            n.as_mut().enable();
+            n
+        })
+        .collect()
+}
+
+/// Ready when any of `woken` is (never, for none).
+async fn any(woken: &mut [Pin<Box<Notified<'_>>>]) {
+    std::future::poll_fn(|cx| {
+        if woken.iter_mut().any(|w| w.as_mut().poll(cx).is_ready()) {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    })
+    .await;
+}
+
+/// `config` with the connection's pushes (release messages, disconnections) routed to `hub`,
+/// and its subscriptions made again after a reconnect.
+pub(crate) fn pushes_to(
+    config: redis::aio::ConnectionManagerConfig,
+    hub: &Arc<WakeHub>,
+) -> redis::aio::ConnectionManagerConfig {
+    config
+        .set_automatic_resubscription()
+        .set_push_sender(WakeHub::sender(hub))
 }

@@ -118,3 +118,70 @@ async fn redlock_refuses_elections_with_a_reason() {
     assert_eq!(err.kind(), ErrorKind::Unsupported);
     assert!(err.to_string().contains("elections"), "{err}");
 }
+
+/// An election waits as a lock does under the release wake-ups that publish only to announced
+/// waiters: the waiting candidate announces itself under the election's names
+/// (`…:elect:waiting`), and the leader's resignation publishes on `…:elect:released`, so the
+/// candidate, whose fallback backoff is 30 s, leads within seconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_candidate_is_woken_by_the_resignation() {
+    use futures_util::StreamExt as _;
+    let ep = require_service!(Service::Redis);
+    let prefix = common::prefix("elect-wake");
+    let mut messages = common::messages(ep.url(), &format!("{prefix}{{job}}:elect:released")).await;
+    let raw = redis::Client::open(ep.url()).unwrap_or_else(|e| panic!("{e}"));
+    let mut conn = raw
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let options =
+        leasehold_test_support::harness::options(Duration::from_secs(5), Default::default());
+    let elector = |backend: RedisBackend, who: &str| {
+        let backend: Arc<dyn LockBackend> = Arc::new(backend);
+        let me = Candidate::new(who).unwrap_or_else(|e| panic!("{e}"));
+        Elector::new(backend, "job", me, options.clone()).unwrap_or_else(|e| panic!("{e}"))
+    };
+    let a = elector(common::redis(ep.url(), &prefix).await, "10.0.0.1:80");
+    let b = elector(
+        common::redis_slow_fallback(ep.url(), &prefix).await,
+        "10.0.0.2:80",
+    );
+    let lead = a
+        .campaign_for(Duration::from_secs(5))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let waiting = tokio::spawn(async move { b.campaign_for(Duration::from_secs(25)).await });
+    let announced = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let n: i64 = redis::cmd("EXISTS")
+            .arg(format!("{prefix}{{job}}:elect:waiting"))
+            .query_async(&mut conn)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        if n == 1 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < announced,
+            "the waiting candidate never announced itself"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let resigned = tokio::time::Instant::now();
+    assert!(lead.resign().await.unwrap_or_else(|e| panic!("{e}")));
+    let woke = tokio::time::timeout(Duration::from_secs(5), messages.next()).await;
+    assert!(
+        matches!(woke, Ok(Some(_))),
+        "the resignation published no wake-up"
+    );
+    let next = waiting
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let took = resigned.elapsed();
+    assert!(
+        took < Duration::from_secs(10),
+        "the hand-over took {took:?}: the candidate waited for its fallback"
+    );
+    assert!(next.resign().await.unwrap_or_else(|e| panic!("{e}")));
+}

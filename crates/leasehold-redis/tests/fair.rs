@@ -86,8 +86,10 @@ async fn a_waiter_that_stopped_asking_loses_its_place() {
     cli(&["ZADD", &format!("{lock}:waiters"), &alive_until, "ghost"]);
     cli(&["RPUSH", &format!("{lock}:queue"), "ghost"]);
 
-    // The lock is free, but the ghost is ahead of us: a try must not jump the line.
-    assert!(l.try_acquire("k").await.unwrap().is_none());
+    // The lock is free, but the ghost is ahead of us: a waiting acquire must not jump the line.
+    // (A try is a plain `SET NX`: it could take a lock free with a line, which only happens
+    // when a holder let its lease expire, never after a release, which hands it to the head.)
+    assert!(l.acquire("k", Duration::from_millis(100)).await.is_err());
     let t0 = Instant::now();
     let lease = l.acquire("k", Duration::from_secs(5)).await.unwrap();
     let waited = t0.elapsed();

@@ -119,3 +119,44 @@ async fn fair_mode_arms_the_fence_expiry_too() {
     assert!(a.fencing_token().unwrap().get() > 1_000_000_000_000_000);
     assert!(a.release().await.unwrap());
 }
+
+/// A waiting acquisition mints its token in the script that also announces it (plain mode) or
+/// that claims the lock a release handed it (fair mode): both arm the fence expiry, as a try
+/// does. The counter's expiry is taken off after the holder's grant, so only the waiter's
+/// grant can have armed it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_acquisition_arms_the_fence_expiry_too() {
+    let ep = require_service!(Service::Redis);
+    for mode in ["", "&fair_queue_ms=2000"] {
+        let prefix = common::prefix("wait-fence-ttl");
+        let mut conn = raw(ep.url()).await;
+        let fence = format!("{prefix}{{k}}:fence");
+        let url = format!("{}?prefix={prefix}&fence_ttl_ms=60000{mode}", ep.url());
+        let (holder, waiter) = (locker(&url).await, locker(&url).await);
+        let a = holder.try_acquire("k").await.unwrap().expect("free");
+        let () = redis::cmd("PERSIST")
+            .arg(&fence)
+            .query_async::<i64>(&mut conn)
+            .await
+            .map(drop)
+            .unwrap();
+        let waiting =
+            tokio::spawn(async move { waiter.acquire("k", Duration::from_secs(20)).await });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(
+            pttl(&mut conn, &fence).await,
+            -1,
+            "{mode}: expiry taken off"
+        );
+        assert!(a.release().await.unwrap());
+        let b = waiting.await.unwrap().unwrap();
+        assert_eq!(
+            b.fencing_token().unwrap().get(),
+            a.fencing_token().unwrap().get() + 1,
+            "{mode}"
+        );
+        let left = pttl(&mut conn, &fence).await;
+        assert!((1..=60_000).contains(&left), "{mode}: expiry armed: {left}");
+        assert!(b.release().await.unwrap());
+    }
+}

@@ -252,3 +252,55 @@ async fn a_node_restarting_empty_breaks_mutual_exclusion_and_a_delayed_restart_d
     })
     .await;
 }
+
+/// A grant held on a bare majority (3 of 5: another owner has the key on two nodes), one of
+/// whose nodes answers the release later than the per-node timeout: the release still says
+/// the grant was ours (the late answer counts), and leaves no key of ours.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_on_a_bare_majority_counts_a_late_answer() {
+    let ep = require_service!(Service::Redlock);
+    let _serial = SERIAL.lock().await;
+    let proxy = FaultProxy::start(ep.addrs()[4]).await.unwrap();
+    let mut urls: Vec<String> = ep.urls()[..4].to_vec();
+    urls.push(format!("redis://{}", proxy.addr()));
+    let prefix = common::prefix("late");
+    let name = format!("{prefix}{{k}}");
+    for url in &ep.urls()[..2] {
+        let mut c = redis::Client::open(url.as_str())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let () = redis::cmd("SET")
+            .arg(&name)
+            .arg("someone-else")
+            .arg("PX")
+            .arg(30_000)
+            .query_async(&mut c)
+            .await
+            .unwrap();
+    }
+    let l = locker(
+        common::redlock(&urls, &prefix),
+        Duration::from_secs(10),
+        Renewal::Off,
+    );
+    let lease = l.try_acquire("k").await.unwrap().expect("a bare majority");
+    // Node timeout 50 ms: the fifth node's answer now comes after it.
+    proxy.latency(Duration::from_millis(300));
+    let released = lease.release().await;
+    proxy.pass();
+    assert!(
+        released.unwrap(),
+        "a release whose third node answered late said the grant was not ours"
+    );
+    let counts = common::redlock(ep.urls(), &prefix)
+        .count_lock_keys("")
+        .await
+        .unwrap();
+    assert_eq!(
+        counts,
+        vec![1, 1, 0, 0, 0],
+        "only the other owner's keys stay"
+    );
+}

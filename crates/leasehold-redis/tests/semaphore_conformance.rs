@@ -89,3 +89,44 @@ async fn redlock_refuses_semaphores_with_its_reason() {
     assert!(text.contains("redlock does not give semaphores"), "{text}");
     assert!(text.contains("keeps no count"), "{text}");
 }
+
+/// Semaphore waiters do not announce themselves (their acquire is a script on the server's
+/// clock anyway): a permit's release always publishes on `…:sem:released`, with or without a
+/// waiter, so a waiter whose fallback backoff is 30 s gets the permit within seconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_release_always_publishes_and_wakes_a_waiter() {
+    use futures_util::StreamExt as _;
+    let ep = require_service!(Service::Redis);
+    let prefix = common::prefix("sem-wake");
+    let mut messages = common::messages(ep.url(), &format!("{prefix}{{k}}:sem:released")).await;
+    let limit = PermitLimit::new(1).unwrap();
+    let a = Semaphore::from_locker(
+        &common::locker(common::redis(ep.url(), &prefix).await),
+        limit,
+    )
+    .unwrap();
+    let b = Semaphore::from_locker(
+        &common::locker(common::redis_slow_fallback(ep.url(), &prefix).await),
+        limit,
+    )
+    .unwrap();
+    let permit = a.try_acquire("k").await.unwrap().expect("a free permit");
+    assert!(permit.release().await.unwrap());
+    let alone = tokio::time::timeout(Duration::from_secs(5), messages.next()).await;
+    assert!(
+        matches!(alone, Ok(Some(_))),
+        "a release with nobody waiting published nothing"
+    );
+    let permit = a.try_acquire("k").await.unwrap().expect("a free permit");
+    let waiting = tokio::spawn(async move { b.acquire("k", Duration::from_secs(25)).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let released = tokio::time::Instant::now();
+    assert!(permit.release().await.unwrap());
+    let got = waiting.await.unwrap().unwrap();
+    let took = released.elapsed();
+    assert!(
+        took < Duration::from_secs(10),
+        "the waiter took {took:?}: it waited for its fallback"
+    );
+    assert!(got.release().await.unwrap());
+}

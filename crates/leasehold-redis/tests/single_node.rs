@@ -9,8 +9,6 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use leasehold_core::Backoff;
-use leasehold_redis::{RedisBackend, RedisConfig};
 use leasehold_test_support::require_service;
 use leasehold_test_support::services::Service;
 use tokio::sync::Mutex;
@@ -20,37 +18,15 @@ use tokio::time::Instant;
 async fn waiters_are_woken_by_the_release_message_not_by_polling() {
     let ep = require_service!(Service::Redis);
     let prefix = common::prefix("wake");
-    // A fallback backoff of 5 s: only the release message can wake the waiter sooner.
-    let config = RedisConfig::from_url(ep.url())
-        .and_then(|c| c.with_prefix(&prefix))
-        .unwrap()
-        .with_wait_backoff(Backoff {
-            initial: Duration::from_secs(5),
-            max: Duration::from_secs(5),
-        });
+    // A fallback backoff of 30 s: only the release message can wake the waiter sooner.
     let holder = common::locker(common::redis(ep.url(), &prefix).await);
-    let waiter = common::locker(RedisBackend::connect(config).await.unwrap());
-    for round in 0..5 {
-        let lease = holder.try_acquire("k").await.unwrap().expect("free");
-        let w = {
-            let waiter = waiter.clone();
-            tokio::spawn(async move {
-                let l = waiter.acquire("k", Duration::from_secs(20)).await;
-                (l, Instant::now())
-            })
-        };
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        let released = Instant::now();
-        assert!(lease.release().await.unwrap());
-        let (got, at) = w.await.unwrap();
-        let got = got.unwrap();
-        let lag = at - released;
-        eprintln!("round {round}: woken {lag:?} after release");
+    let waiter = slow_polling(ep.url(), &prefix).await;
+    let lags = common::handoff_lags(&holder, &waiter, Duration::from_millis(100), 5).await;
+    for lag in lags {
         assert!(
             lag < Duration::from_millis(500),
             "waiter took {lag:?}: polled, not woken"
         );
-        assert!(got.release().await.unwrap());
     }
 }
 
@@ -123,4 +99,81 @@ async fn fencing_tokens_increase_per_key_in_one_round_trip() {
     }
     assert!(l.inspect("k").await.unwrap().is_none());
     assert_eq!(backend.count_lock_keys("").await.unwrap(), 0);
+}
+
+async fn slow_polling(url: &str, prefix: &str) -> leasehold_core::Locker {
+    common::locker(common::redis_slow_fallback(url, prefix).await)
+}
+
+/// A release publishes only while some waiter has announced itself (its attempt found the lock
+/// held). Many waiters, each on its own connection, arriving while the lock changes hands: each
+/// is woken by a release message, none is left to its 30 s fallback. Were a waiter lost (a
+/// release skipping the publish although it waited), the chain would take about a minute.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_waiter_is_lost_when_releases_publish_only_to_announced_waiters() {
+    let ep = require_service!(Service::Redis);
+    let prefix = common::prefix("announce");
+    let holder = common::locker(common::redis(ep.url(), &prefix).await);
+    let mut waiters = Vec::new();
+    for _ in 0..16 {
+        waiters.push(slow_polling(ep.url(), &prefix).await);
+    }
+    let started = Instant::now();
+    for round in 0..3 {
+        let lease = holder.try_acquire("k").await.unwrap().expect("free");
+        let tasks: Vec<_> = waiters
+            .iter()
+            .enumerate()
+            .map(|(i, w)| {
+                let w = w.clone();
+                tokio::spawn(async move {
+                    // Staggered: some arrive while the lock is passed from waiter to waiter.
+                    tokio::time::sleep(Duration::from_millis(3 * i as u64)).await;
+                    let l = w.acquire("k", Duration::from_secs(60)).await.unwrap();
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                    assert!(l.release().await.unwrap());
+                })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(lease.release().await.unwrap());
+        for t in tasks {
+            t.await.unwrap();
+        }
+        eprintln!("round {round}: done after {:?}", started.elapsed());
+    }
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(20),
+        "48 handoffs took {took:?}: some waiter was left to its fallback backoff"
+    );
+}
+
+/// With nobody waiting a release publishes nothing (the uncontended cycle costs the server no
+/// wake-up); with a waiter it does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_publishes_only_when_someone_waits() {
+    use futures_util::StreamExt as _;
+    let ep = require_service!(Service::Redis);
+    let prefix = common::prefix("quiet");
+    let l = common::locker(common::redis(ep.url(), &prefix).await);
+    let mut messages = common::messages(ep.url(), &format!("{prefix}{{k}}:released")).await;
+    for _ in 0..20 {
+        let lease = l.try_acquire("k").await.unwrap().expect("free");
+        assert!(lease.release().await.unwrap());
+    }
+    let quiet = tokio::time::timeout(Duration::from_millis(300), messages.next()).await;
+    assert!(quiet.is_err(), "an uncontended release published a wake-up");
+    let lease = l.try_acquire("k").await.unwrap().expect("free");
+    let waiter = slow_polling(ep.url(), &prefix).await;
+    let w = tokio::spawn(async move { waiter.acquire("k", Duration::from_secs(20)).await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(lease.release().await.unwrap());
+    let woke = tokio::time::timeout(Duration::from_secs(5), messages.next()).await;
+    assert!(
+        matches!(woke, Ok(Some(_))),
+        "no wake-up published for a waiter"
+    );
+    let got = w.await.unwrap().unwrap();
+    assert!(got.release().await.unwrap());
 }

@@ -16,6 +16,7 @@ use super::model::{Params, Row, Scenario};
 use super::scenarios::run_tasks;
 use crate::harness::{BoxError, runtime};
 use crate::stats::Spread;
+use crate::subjects::raw::RawRedis;
 use crate::subjects::{Client, Kind, Ours};
 
 /// Tasks (our side) and clients (redis-benchmark's) of the redis-benchmark group.
@@ -93,6 +94,186 @@ async fn redis_rates(p: &Params) -> Result<(usize, f64, f64), BoxError> {
         .next_back()
         .ok_or_else(|| format!("could not read redis-benchmark output: {text}"))?;
     Ok((cycles, ours_rate, set_rate))
+}
+
+/// A subject of the Redis CPU rows: its label, kind, client, and the commands it sends itself
+/// (its top-level commands; what runs inside a script or transaction is counted in them).
+struct CpuSubject {
+    label: &'static str,
+    kind: Kind,
+    client: Arc<dyn Client>,
+    top_level: &'static [&'static str],
+}
+
+/// Cycles per subject and round of the Redis CPU rows.
+fn cpu_cycles(p: &Params) -> usize {
+    if p.quick { 50 } else { 2_000 }
+}
+
+/// Redis CPU per uncontended cycle: each subject cycles alone on one key for a round, the
+/// subjects taking turns (`4 × repeats + 1` rounds, the order rotating), and the server's
+/// `INFO commandstats` before and after each turn gives the `usec` of the subject's top-level
+/// commands per cycle. A `PUBLISH` during our uncontended cycles (nobody waits) is an error.
+pub(super) async fn redis_cpu(p: &Params, rt: &str) -> Vec<Row> {
+    let base = Row {
+        runtime: rt.to_owned(),
+        group: "redis (single node), server CPU per uncontended cycle".to_owned(),
+        scenario: Scenario::Repeated,
+        concurrency: 1,
+        ..Row::default()
+    };
+    let subjects = match cpu_subjects().await {
+        Ok(s) => s,
+        Err(e) => {
+            return vec![Row {
+                label: "Redis CPU per cycle".into(),
+                error: Some(e.to_string()),
+                ..base
+            }];
+        }
+    };
+    let mut rows: Vec<Row> = subjects
+        .iter()
+        .map(|s| Row {
+            label: format!(
+                "{} (Redis CPU per cycle: usec of {} incl. their inner calls)",
+                s.label,
+                s.top_level.join(" + ")
+            ),
+            kind: s.kind.as_str(),
+            ..base.clone()
+        })
+        .collect();
+    match cpu_rounds(p, &subjects).await {
+        Ok(per_round) => {
+            let raw = subjects.iter().position(|s| s.kind == Kind::Raw);
+            for (i, r) in rows.iter_mut().enumerate() {
+                let us = Spread::of(&mut per_round.iter().map(|x| x[i]).collect::<Vec<_>>());
+                r.cycles = per_round.len() * cpu_cycles(p);
+                r.p50 = Some(Duration::from_secs_f64(us.median * 1e-6));
+                // Per second: the cycles one fully busy Redis core could serve.
+                r.per_sec = (us.median > 0.0).then(|| 1e6 / us.median);
+                r.ratio = raw.filter(|&j| j != i).map(|j| {
+                    let mut x: Vec<f64> = per_round.iter().map(|x| x[i] / x[j]).collect();
+                    (Spread::of(&mut x), "Redis CPU per cycle / raw's".to_owned())
+                });
+            }
+        }
+        Err(e) => {
+            for r in &mut rows {
+                r.error = Some(e.to_string());
+            }
+        }
+    }
+    rows
+}
+
+async fn cpu_subjects() -> Result<Vec<CpuSubject>, BoxError> {
+    let ep = services::lookup(Service::Redis)?;
+    let cfg = RedisConfig::from_url(ep.url())?;
+    let prefix = || format!("{}:", services::unique_prefix("perf-cpu"));
+    let ours = cfg.clone().with_prefix(prefix())?;
+    let fair = cfg
+        .with_prefix(prefix())?
+        .with_fair_queue(Duration::from_secs(2))?;
+    let raw = RawRedis::connect(vec![ep.url().to_owned()], prefix(), Duration::from_secs(1));
+    Ok(vec![
+        CpuSubject {
+            label: "leasehold RedisBackend",
+            kind: Kind::Ours,
+            client: Arc::new(Ours::new(Arc::new(RedisBackend::connect(ours).await?))?),
+            top_level: &["set", "incr", "evalsha"],
+        },
+        CpuSubject {
+            label: "leasehold RedisBackend, fair queue",
+            kind: Kind::Ours,
+            client: Arc::new(Ours::new(Arc::new(RedisBackend::connect(fair).await?))?),
+            top_level: &["set", "incr", "evalsha"],
+        },
+        CpuSubject {
+            label: "raw redis-rs SET NX PX + compare-and-delete EVALSHA",
+            kind: Kind::Raw,
+            client: Arc::new(raw.await?),
+            top_level: &["set", "evalsha"],
+        },
+    ])
+}
+
+/// Per round, per subject: Redis CPU µs per cycle.
+async fn cpu_rounds(p: &Params, subjects: &[CpuSubject]) -> Result<Vec<Vec<f64>>, BoxError> {
+    let ep = services::lookup(Service::Redis)?;
+    let mut stats = redis::Client::open(ep.url())?
+        .get_multiplexed_async_connection()
+        .await?;
+    let n = cpu_cycles(p);
+    let key = services::unique_prefix("cpu");
+    // Warm-up: connections made, scripts loaded.
+    for s in subjects {
+        for _ in 0..10 {
+            s.client.cycle(&key).await?;
+        }
+    }
+    let mut rounds = Vec::new();
+    for round in 0..p.repeats.max(1) * 4 + 1 {
+        let mut us = vec![0.0; subjects.len()];
+        for k in 0..subjects.len() {
+            let i = (round + k) % subjects.len();
+            let s = &subjects[i];
+            let before = commandstats(&mut stats).await?;
+            for _ in 0..n {
+                s.client.cycle(&key).await?;
+            }
+            let after = commandstats(&mut stats).await?;
+            let delta = |name: &str, field: usize| {
+                let get = |m: &std::collections::HashMap<String, (u64, u64)>| {
+                    m.get(name)
+                        .map_or(0, |v| if field == 0 { v.0 } else { v.1 })
+                };
+                get(&after).saturating_sub(get(&before))
+            };
+            if s.kind == Kind::Ours && delta("publish", 0) > 0 {
+                return Err(format!(
+                    "{} published {} wake-up(s) in {n} uncontended cycles, with nobody waiting",
+                    s.label,
+                    delta("publish", 0)
+                )
+                .into());
+            }
+            let usec: u64 = s.top_level.iter().map(|c| delta(c, 1)).sum();
+            us[i] = usec as f64 / n as f64;
+        }
+        rounds.push(us);
+    }
+    Ok(rounds)
+}
+
+/// `INFO commandstats`: per command, (calls, usec).
+async fn commandstats(
+    c: &mut redis::aio::MultiplexedConnection,
+) -> Result<std::collections::HashMap<String, (u64, u64)>, BoxError> {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(c)
+        .await?;
+    let mut out = std::collections::HashMap::new();
+    for line in info.lines() {
+        let Some((name, fields)) = line
+            .trim()
+            .strip_prefix("cmdstat_")
+            .and_then(|l| l.split_once(':'))
+        else {
+            continue;
+        };
+        let field = |f: &str| {
+            fields
+                .split(',')
+                .find_map(|kv| kv.strip_prefix(f)?.strip_prefix('='))
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        out.insert(name.to_owned(), (field("calls"), field("usec")));
+    }
+    Ok(out)
 }
 
 /// The ways to serve the same trivial request.

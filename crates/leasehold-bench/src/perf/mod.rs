@@ -88,6 +88,7 @@ async fn run_runtime(p: &Params, rt: &str, out: &Path) -> Vec<Row> {
         let started = Instant::now();
         if name == "redis-benchmark" {
             rows.extend(extras::redis_benchmark(p, rt).await);
+            rows.extend(extras::redis_cpu(p, rt).await);
         } else if name == "semaphore" {
             rows.extend(semaphore::run(p, rt, out).await);
         } else {

@@ -48,8 +48,16 @@ impl Count {
     }
 }
 
-/// How the Redis backend's semaphore limit key ends (`<prefix>{<key>}:sem:limit`).
-const REDIS_PERMIT_LIMIT: &str = ":sem:limit";
+/// How the Redis backend's keys that carry a TTL but are no lock end: a semaphore's limit
+/// (`<prefix>{<key>}:sem:limit`, it expires with its last permit) and a waiter's announcement
+/// (`<prefix>{<key>}:waiting`, it expires seconds after the last waiter asked). A lock's name
+/// always ends with `}`.
+const REDIS_NOT_LOCKS: [&str; 2] = [":sem:limit", ":waiting"];
+
+/// Whether a Redis key with a TTL is no grant (see [`REDIS_NOT_LOCKS`]).
+fn redis_not_lock(key: &str) -> bool {
+    REDIS_NOT_LOCKS.iter().any(|s| key.ends_with(s))
+}
 
 /// Whether an etcd key is a semaphore's stored limit (`<prefix>%sem/<escaped key>`, which
 /// stays behind by design; its permits live under it and a `/`).
@@ -70,8 +78,9 @@ async fn redis_keys_with_ttl(url: &str, needle: &str) -> Result<u64, BoxError> {
     let mut n = 0;
     for k in keys {
         // Lock keys carry a TTL; fencing counters carry none (-1). A semaphore's stored limit
-        // expires with its last permit, after the release: no permit.
-        if k.ends_with(REDIS_PERMIT_LIMIT) {
+        // expires with its last permit, after the release: no permit; a waiter's announcement
+        // is no grant either.
+        if redis_not_lock(&k) {
             continue;
         }
         if c.pttl::<_, i64>(&k).await? >= 0 {
@@ -146,5 +155,17 @@ mod tests {
         assert!(!etcd_permit_limit(b"lh-perf:%sem/u/694d7a1b2c"));
         assert!(!etcd_permit_limit(b"lh-perf:u/694d7a1b2c"));
         assert!(!etcd_permit_limit(b"lh-perf:%elect/u/694d7a1b2c"));
+    }
+
+    /// A waiter's announcement and a semaphore's limit are no grants; locks (whatever their
+    /// key) and permits are.
+    #[test]
+    fn redis_waiting_markers_are_not_counted_as_held() {
+        assert!(redis_not_lock("lh-perf:{u}:waiting"));
+        assert!(redis_not_lock("lh-perf:{u}:elect:waiting"));
+        assert!(redis_not_lock("lh-perf:{u}:sem:limit"));
+        assert!(!redis_not_lock("lh-perf:{u}"));
+        assert!(!redis_not_lock("lh-perf:{u}:waiting}"));
+        assert!(!redis_not_lock("lh-perf:{u}:sem"));
     }
 }

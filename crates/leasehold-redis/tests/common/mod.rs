@@ -50,6 +50,73 @@ pub(crate) async fn redis_behind_proxy(
     (backend, proxy)
 }
 
+/// A backend of its own (as another process would have) whose fallback backoff is 30 s: only a
+/// release message wakes its waiters sooner.
+pub(crate) async fn redis_slow_fallback(url: &str, prefix: &str) -> RedisBackend {
+    let config = RedisConfig::from_url(url)
+        .and_then(|c| c.with_prefix(prefix))
+        .unwrap_or_else(|e| panic!("config: {e}"))
+        .with_wait_backoff(leasehold_core::Backoff {
+            initial: Duration::from_secs(30),
+            max: Duration::from_secs(30),
+        });
+    RedisBackend::connect(config)
+        .await
+        .unwrap_or_else(|e| panic!("connect: {e}"))
+}
+
+/// The messages published on `channel` of the server at `url`, from now on.
+pub(crate) async fn messages(
+    url: &str,
+    channel: &str,
+) -> impl futures_util::Stream<Item = redis::Msg> + Unpin + use<> {
+    let client = redis::Client::open(url).unwrap_or_else(|e| panic!("client: {e}"));
+    let mut sub = client
+        .get_async_pubsub()
+        .await
+        .unwrap_or_else(|e| panic!("pubsub: {e}"));
+    sub.subscribe(channel)
+        .await
+        .unwrap_or_else(|e| panic!("subscribe: {e}"));
+    sub.into_on_message()
+}
+
+/// Hands the key `k` from `holder` to a waiting `waiter` `rounds` times: each round the holder
+/// keeps it for `hold` while the waiter waits, then releases. Per round, how long after the
+/// release the waiter had it.
+pub(crate) async fn handoff_lags(
+    holder: &leasehold_core::Locker,
+    waiter: &leasehold_core::Locker,
+    hold: Duration,
+    rounds: usize,
+) -> Vec<Duration> {
+    let mut lags = Vec::new();
+    for round in 0..rounds {
+        let lease = holder
+            .try_acquire("k")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap_or_else(|| panic!("round {round}: the key is held"));
+        let w = {
+            let waiter = waiter.clone();
+            tokio::spawn(async move {
+                let l = waiter.acquire("k", Duration::from_secs(20)).await;
+                (l, tokio::time::Instant::now())
+            })
+        };
+        tokio::time::sleep(hold).await;
+        let released = tokio::time::Instant::now();
+        assert!(lease.release().await.unwrap_or_else(|e| panic!("{e}")));
+        let (got, at) = w.await.unwrap_or_else(|e| panic!("{e}"));
+        let got = got.unwrap_or_else(|e| panic!("round {round}: {e}"));
+        let lag = at - released;
+        eprintln!("round {round}: woken {lag:?} after release");
+        lags.push(lag);
+        assert!(got.release().await.unwrap_or_else(|e| panic!("{e}")));
+    }
+    lags
+}
+
 /// A locker with a 10 s TTL and no renewal, for tests that hold locks briefly.
 pub(crate) fn locker(backend: RedisBackend) -> leasehold_core::Locker {
     harness::locker(
