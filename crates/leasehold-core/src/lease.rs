@@ -352,7 +352,9 @@ impl Lease {
     /// A transient fault (a server answering "too many requests", "busy" or "loading", a
     /// timeout, a dropped connection) is retried with capped, jittered backoff for up to
     /// [`RELEASE_BUDGET`](crate::RELEASE_BUDGET) (5 s), so one call succeeds through a burst.
-    /// On `Err`:
+    /// An attempt that timed out may still have released the lock on the server; the retry
+    /// then finds it gone and the call answers `Ok(false)`: `false` means "not confirmed as
+    /// ours at release", never "still held". On `Err`:
     ///
     /// - [`Error::is_retryable`] (the fault outlasted the budget): the lease is let go all the
     ///   same (its lost signal says [`Released`](LossReason::Released), further calls return
