@@ -11,7 +11,6 @@ use tracing::Instrument;
 
 use crate::backend::LockBackendExt as _;
 use crate::backend::{ExtendRequest, Grant, GrantState, Held, LockBackend};
-use crate::caps::Capabilities;
 use crate::error::Error;
 use crate::key::LockKey;
 use crate::loss::LossReason;
@@ -43,8 +42,9 @@ struct Inner {
     owner: Owner,
     fencing: Option<FencingToken>,
     state: Option<GrantState>,
+    /// Its [`capabilities`](LockBackend::capabilities) are asked again when needed (a
+    /// release's horizon, an `extend`'s TTL check) rather than copied into every lease.
     backend: Arc<dyn LockBackend>,
-    caps: Capabilities,
     shared: Arc<Shared>,
     ttl: Mutex<Duration>,
     released: AtomicBool,
@@ -78,7 +78,12 @@ impl Inner {
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         let armed = renewing.map_or(armed, |r| r.max(armed));
-        Horizon::of(&self.caps, armed, self.ttl(), self.shared.drift())
+        Horizon::of(
+            &self.backend.capabilities(),
+            armed,
+            self.ttl(),
+            self.shared.drift(),
+        )
     }
 
     /// A renewal request may re-arm the grant until `until`.
@@ -164,7 +169,6 @@ impl Lease {
         owner: Owner,
         grant: Grant,
         backend: Arc<dyn LockBackend>,
-        caps: Capabilities,
         shared: Arc<Shared>,
         ttl: Duration,
     ) -> Self {
@@ -177,7 +181,6 @@ impl Lease {
                 fencing: grant.fencing,
                 state: grant.state,
                 backend,
-                caps,
                 shared,
                 ttl: Mutex::new(ttl),
                 released: AtomicBool::new(false),
@@ -293,7 +296,11 @@ impl Lease {
     /// the error is [`ErrorKind::LeaseLost`](crate::ErrorKind::LeaseLost). A fault (the backend
     /// unreachable) is returned as is: the lease stays valid until its current deadline.
     pub async fn extend(&self, ttl: Duration) -> Result<(), Error> {
-        check_ttl(ttl, self.inner.shared.drift(), &self.inner.caps)?;
+        check_ttl(
+            ttl,
+            self.inner.shared.drift(),
+            &self.inner.backend.capabilities(),
+        )?;
         if let Some(reason) = self.loss_reason() {
             return Err(self.lost_error(reason));
         }

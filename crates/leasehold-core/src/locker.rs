@@ -305,7 +305,6 @@ impl Locker {
             owner,
             grant,
             Arc::clone(&self.backend),
-            self.caps,
             shared,
             ttl,
         );

@@ -200,11 +200,14 @@ impl Renewer {
     }
 }
 
-/// One lease in a batch.
+/// One lease in a batch, with what the batch reads of it, read once when it was taken (each
+/// pass over thousands of leases costs a cache miss per lease).
 struct Member {
     id: u64,
     lease: Arc<dyn Renewable>,
     interval: Duration,
+    ttl: Duration,
+    valid_until: Option<Instant>,
 }
 
 /// What a batch decided for one lease.
@@ -267,16 +270,14 @@ impl Engine {
 
     async fn renew_batch(&self, batch: Vec<Member>) {
         let started = Instant::now();
-        let ttls: Vec<Duration> = batch.iter().map(|m| m.lease.ttl()).collect();
+        let bound = batch_bound(&batch, started);
         let reqs: Vec<ExtendRequest<'_>> = batch
             .iter()
-            .zip(&ttls)
-            .map(|(m, &ttl)| ExtendRequest::new(m.lease.held(), ttl, started))
+            .map(|m| {
+                m.lease.renewing(started + bound);
+                ExtendRequest::new(m.lease.held(), m.ttl, started)
+            })
             .collect();
-        let bound = batch_bound(&batch, started);
-        for m in &batch {
-            m.lease.renewing(started + bound);
-        }
         let name = self.backend.name();
         let outcomes = match tokio::time::timeout(bound, self.backend.extend_many(&reqs)).await {
             Ok(out) if out.len() == reqs.len() => out,
@@ -340,7 +341,8 @@ fn take_batch(q: &mut Queue) -> Vec<Member> {
         .entries
         .get(&first_id)
         .map_or(Duration::ZERO, |e| e.interval / 8);
-    let horizon = first.max(Instant::now()) + window;
+    let now = Instant::now();
+    let horizon = first.max(now) + window;
     let mut batch = Vec::new();
     while batch.len() < MAX_BATCH {
         let Some(&(due, id)) = q.due.first() else {
@@ -353,18 +355,24 @@ fn take_batch(q: &mut Queue) -> Vec<Member> {
         let Some(entry) = q.entries.get_mut(&id) else {
             continue;
         };
-        match entry.lease.upgrade() {
-            Some(lease) if lease.status().loss().is_none() => {
+        let taken = entry.lease.upgrade().and_then(|lease| {
+            let (loss, valid_until) = lease.status().loss_at(now);
+            loss.is_none().then_some((lease, valid_until))
+        });
+        match taken {
+            Some((lease, valid_until)) => {
                 entry.due = None;
                 batch.push(Member {
                     id,
+                    ttl: lease.ttl(),
                     lease,
                     interval: entry.interval,
+                    valid_until,
                 });
             }
             // Gone or lost: nothing left to renew. (An `Arc` dropped here is not the last one:
             // the lease's own handle holds another while its ticket exists.)
-            _ => {
+            None => {
                 q.entries.remove(&id);
             }
         }
@@ -374,6 +382,8 @@ fn take_batch(q: &mut Queue) -> Vec<Member> {
 
 /// How long a batch may take: its leases' shortest interval, and at most half the time left
 /// before the earliest deadline among them (so a batch that hangs still leaves time to retry).
+/// The deadlines are those read when the batch was taken, a task switch before it is sent: an
+/// `extend` in between counts from the next batch on, as one made while the batch runs does.
 fn batch_bound(batch: &[Member], started: Instant) -> Duration {
     let interval = batch
         .iter()
@@ -382,7 +392,7 @@ fn batch_bound(batch: &[Member], started: Instant) -> Duration {
         .unwrap_or(Duration::from_secs(1));
     let left = batch
         .iter()
-        .filter_map(|m| m.lease.status().valid_until())
+        .filter_map(|m| m.valid_until)
         .min()
         .map_or(interval, |d| d.saturating_duration_since(started) / 2);
     interval.min(left).max(Duration::from_millis(1))

@@ -120,6 +120,14 @@ impl Shared {
         self.lock().loss_now()
     }
 
+    /// The loss as of `now` (an instant the caller read once for many leases), and the
+    /// validity deadline, under one lock: what the renewal engine reads of each lease it takes
+    /// into a batch.
+    pub(crate) fn loss_at(&self, now: Instant) -> (Option<LossReason>, Option<Instant>) {
+        let s = self.lock();
+        (s.loss(now), s.valid_until)
+    }
+
     /// The loss, if any, and the validity deadline: what a waiting signal needs.
     fn loss_and_deadline(&self) -> (Option<LossReason>, Option<Instant>) {
         let s = self.lock();

@@ -1,6 +1,7 @@
 //! [`RedlockBackend`]: the Redlock algorithm over N independent Redis nodes.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -13,7 +14,7 @@ use leasehold_core::{
     LockBackend, LockKey, LockRequest, Owner, SafetyClass, Validity, WaitKind, Waited,
 };
 use redis::aio::ConnectionManagerConfig;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{Notify, mpsc, watch};
 use tokio::time::Instant;
 
 use crate::config::{REDLOCK as NAME, RedlockConfig};
@@ -78,8 +79,52 @@ impl std::fmt::Debug for Inner {
 
 /// The backend-private state of a Redlock grant: per node, whether the acquire request of the
 /// round is finished (answered, failed, or timed out and dropped).
+///
+/// One allocation for every node, kept as long as the lease: a `watch` channel per node cost
+/// ~1.7 KiB per lease on five nodes.
 struct Round {
-    finished: Vec<watch::Receiver<bool>>,
+    finished: Box<[AtomicBool]>,
+    changed: Notify,
+}
+
+impl Round {
+    fn new(nodes: usize) -> Arc<Self> {
+        Arc::new(Self {
+            finished: (0..nodes).map(|_| AtomicBool::new(false)).collect(),
+            changed: Notify::new(),
+        })
+    }
+
+    /// Waits until the acquire request to node `i` is finished.
+    async fn finished(&self, i: usize) {
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            // Registered before the check: a `finish` after it wakes this one.
+            changed.as_mut().enable();
+            if self
+                .finished
+                .get(i)
+                .is_none_or(|f| f.load(Ordering::Acquire))
+            {
+                return;
+            }
+            changed.await;
+        }
+    }
+}
+
+/// Marks node `i`'s request of a round finished when dropped: after its answer, or with its
+/// future if that is dropped first.
+struct Finish(Arc<Round>, usize);
+
+impl Drop for Finish {
+    fn drop(&mut self) {
+        if let Some(f) = self.0.finished.get(self.1) {
+            f.store(true, Ordering::Release);
+        }
+        self.0.changed.notify_waiters();
+    }
 }
 
 impl RedlockBackend {
@@ -259,12 +304,12 @@ impl RedlockBackend {
         // The decision: Some(true) keep, Some(false) give back. A dropped sender (the caller's
         // future was dropped) means give back.
         let (decide, decision) = watch::channel(None::<bool>);
-        let (done, finished): (Vec<_>, Vec<_>) = (0..n).map(|_| watch::channel(false)).unzip();
+        let round = Round::new(n);
         let (settle, settled): (Vec<_>, Vec<_>) = (0..n).map(|_| watch::channel(false)).unzip();
         let mut after: Vec<Option<watch::Receiver<bool>>> =
             after.iter().cloned().map(Some).collect();
         after.resize(n, None);
-        let inner = Arc::clone(&self.inner);
+        let (inner, nodes_round) = (Arc::clone(&self.inner), Arc::clone(&round));
         // One task drives the requests to every node (and any give-back after them) to
         // completion, whatever happens to this future.
         tokio::spawn(async move {
@@ -272,11 +317,11 @@ impl RedlockBackend {
             let all: FuturesUnordered<_> = inner
                 .nodes
                 .iter()
-                .zip(done)
                 .zip(settle.into_iter().zip(after))
                 .enumerate()
-                .map(|(i, ((node, done), (settle, mut after)))| {
+                .map(|(i, (node, (settle, mut after)))| {
                     let mut decision = decision.clone();
+                    let done = Finish(Arc::clone(&nodes_round), i);
                     async move {
                         // Before the per-node timer: a give-back still on its way must not
                         // cost this round the node (bounded like the give-back itself).
@@ -295,7 +340,7 @@ impl RedlockBackend {
                         // From here on no SET of this round can reach the node after a later
                         // command on the same connection: a release waits for this before it
                         // is sent.
-                        done.send_replace(true);
+                        drop(done);
                         let outcome = Outcome::from_result(r, per_node);
                         let may_hold = !matches!(outcome, Outcome::No);
                         drop(tx.send((i, outcome)));
@@ -325,7 +370,7 @@ impl RedlockBackend {
         });
         let mut tally = self.tally("acquire", "granted", "held by another owner");
         let decided = tally.until_decided(&mut rx).await;
-        let result = self.decide(req, decided, tally, finished, &decide);
+        let result = self.decide(req, decided, tally, round, &decide);
         (result, settled)
     }
 
@@ -336,15 +381,14 @@ impl RedlockBackend {
         req: &LockRequest<'_>,
         quorum: bool,
         tally: Tally,
-        finished: Vec<watch::Receiver<bool>>,
+        round: Arc<Round>,
         decide: &watch::Sender<Option<bool>>,
     ) -> Result<Option<Grant>, Error> {
         let ttl = req.ttl;
         if quorum {
             if self.validity_left(req.started, ttl).is_some() {
                 decide.send_replace(Some(true));
-                let state = Round { finished };
-                return Ok(Some(Grant::new(req.ttl_validity()).with_state(state)));
+                return Ok(Some(Grant::new(req.ttl_validity()).with_state(round)));
             }
             decide.send_replace(Some(false));
             return Err(Error::new(
@@ -433,18 +477,18 @@ impl LockBackend for RedlockBackend {
         // Releases are not bounded by the acquisition TTL (unknown here): a generous bound.
         let bound = Duration::from_secs(10);
         let per_node = self.patient_timeout(bound);
-        let round = held.state::<Round>();
+        let round = held.state::<Arc<Round>>();
         let mut i = 0;
         let mut rx = self.spawn_all(per_node, bound, |node| {
             let (names, owner) = (Arc::clone(&names), owner.clone());
             // The acquire request to this node may still be on its way (its task may not even
             // have run yet): release only after it, or it would land on nothing and the SET
             // would then leave a key until its TTL.
-            let mut finished = round.and_then(|r| r.finished.get(i).cloned());
+            let (round, node_index) = (round.cloned(), i);
             i += 1;
             async move {
-                if let Some(f) = finished.as_mut() {
-                    let _ = f.wait_for(|done| *done).await;
+                if let Some(round) = round {
+                    round.finished(node_index).await;
                 }
                 node.release(&names, &owner, None).await
             }
