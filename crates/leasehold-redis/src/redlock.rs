@@ -434,6 +434,15 @@ impl LockBackend for RedlockBackend {
     /// nodes that found the key held, and the first message from any node starts the next
     /// round. A jittered backoff covers a message that never comes.
     async fn wait_lock(&self, req: LockRequest<'_>, deadline: Instant) -> Result<Waited, Error> {
+        // A free lock is taken by one plain round, with no subscription: subscribing on every
+        // node first made each uncontended acquisition cost about three times as long (the
+        // fleet scenario's 10,000 acquisitions: 0.4 s before the native wait, 1.1–1.5 s with
+        // it). Only a lock found taken is waited for; the first attempt of the wait comes
+        // after the subscriptions, so a release in between is not missed.
+        let (first, settled) = self.acquire_round(&req, None, &[]).await;
+        if let Some(grant) = first? {
+            return Ok(Waited::new(Some(grant), 1));
+        }
         let channel = names(&self.inner.config.prefix, req.key)
             .channel()
             .to_string();
@@ -448,8 +457,8 @@ impl LockBackend for RedlockBackend {
         .collect();
         // Every round of this wait uses the same owner value: each round's request to a node
         // goes after the previous round's give-back there.
-        let previous = Mutex::new(Vec::new());
-        wait_on(
+        let previous = Mutex::new(settled);
+        let waited = wait_on(
             &subs,
             deadline,
             |a| WAIT_BACKOFF.delay(a),
@@ -468,7 +477,8 @@ impl LockBackend for RedlockBackend {
                 }
             },
         )
-        .await
+        .await?;
+        Ok(Waited::new(waited.grant, waited.attempts + 1))
     }
 
     async fn release(&self, held: Held<'_>) -> Result<bool, Error> {
