@@ -308,11 +308,24 @@ impl SentinelConn {
     where
         F: AsyncFnOnce(&mut ConnectionManager) -> Result<T, RedisError>,
     {
+        self.run_checked(f, |_| false).await
+    }
+
+    /// [`run`](Self::run), also asking the sentinels again when `symptom` says an answer that
+    /// arrived shows a failover: a pipeline's server errors come back as values, turned into
+    /// an error only by the caller, so a demoted master's `READONLY` to a pipelined acquire
+    /// would otherwise never send us to the new master.
+    async fn run_checked<T, F>(&self, f: F, symptom: impl Fn(&T) -> bool) -> Result<T, RedisError>
+    where
+        F: AsyncFnOnce(&mut ConnectionManager) -> Result<T, RedisError>,
+    {
         let (generation, mut conn) = self.current().await;
         let r = f(&mut conn).await;
-        if let Err(e) = &r
-            && failover_symptom(e)
-        {
+        let failover = match &r {
+            Err(e) => failover_symptom(e),
+            Ok(v) => symptom(v),
+        };
+        if failover {
             self.rediscover(generation).await;
         }
         r
@@ -348,7 +361,15 @@ impl ConnectionLike for SentinelConn {
         offset: usize,
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
-        Box::pin(self.run(async move |c| c.req_packed_commands(pipeline, offset, count).await))
+        let read_only = |values: &Vec<Value>| {
+            values
+                .iter()
+                .any(|v| matches!(v, Value::ServerError(e) if e.code() == "READONLY"))
+        };
+        Box::pin(self.run_checked(
+            async move |c| c.req_packed_commands(pipeline, offset, count).await,
+            read_only,
+        ))
     }
 
     fn get_db(&self) -> i64 {
