@@ -4,9 +4,11 @@
 //!
 //! ```text
 //! scripts/services up
-//! cargo run --release -p leasehold-bench -- perf --out docs/bench
-//! cargo run --release -p leasehold-bench -- safety --runs 20 --out docs/bench
+//! cargo run --release -p leasehold-bench -- perf               # every group, into target/bench
+//! cargo run --release -p leasehold-bench -- safety --runs 20   # the safety table, likewise
 //! ```
+//!
+//! BENCHMARKS.md gives the commands that write the committed tables under `docs/bench`.
 //!
 //! Two subcommands over one set of subjects ([`subjects`]) and one report pipeline
 //! ([`report`]): `perf` (latency, throughput, contention, repeated and pinned measurements)
