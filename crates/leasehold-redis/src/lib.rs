@@ -205,10 +205,13 @@
 //!   `PEXPIRE`), and never sets a missing key again: an extend still in flight when the lease
 //!   is released (both go to every node, in any order) cannot bring the lock back. A node that
 //!   restarted empty stays without our key, and the extend needs a majority of the others.
-//! - A release or an extend that has no majority yet when the per-node timeouts expire, while
-//!   the nodes that timed out could still make one, waits up to 1 s for their late answers
-//!   (their requests go on in the background): a grant held on a bare majority, one of whose
-//!   nodes is slow, is not reported as "not ours" (or lost) because of that node alone.
+//! - A grant held on a bare majority, one of whose nodes is slow, is not reported as "not ours"
+//!   (or lost) because of that node alone. A release waits for each node up to the longer of
+//!   the per-node timeout and 1 s (releases come in bursts that queue on a node's connection;
+//!   waiting costs them only time), renewal batches up to the longer of it and `ttl / 10`; an
+//!   extend that has no majority yet when its per-node timeouts expire, while the nodes that
+//!   timed out could still make one, waits up to 1 s more (never past its validity) for their
+//!   late answers (their requests go on in the background).
 //! - A waiting acquire subscribes to the key's release channel on every node it can reach (RESP3
 //!   pushes on the node's shared connection), announces itself on each node that finds the key
 //!   held (the `:waiting` key, as on one server), and starts the next round on the first release

@@ -42,8 +42,9 @@ const WAIT_BACKOFF: Backoff = Backoff {
 /// longest fallback pause.
 const ANNOUNCE: Duration = Duration::from_secs(3);
 
-/// How long a release or an extend short of a quorum waits for the late answers of nodes that
-/// timed out (their requests go on in the background), before it says "not ours" or "lost".
+/// How long an extend short of a quorum waits for the late answers of nodes that timed out
+/// (their requests go on in the background), before it says "lost". A release has no such
+/// window: its per-node bound is already the patient one.
 const LATE_ANSWERS: Duration = Duration::from_secs(1);
 
 /// How long counting a node's keys (SCAN, for leak checks) may take beyond the connect timeout.
@@ -503,12 +504,11 @@ impl LockBackend for RedlockBackend {
                 node.release(&names, &owner, None).await
             }
         });
+        // One wait for slow nodes: the patient per-node bound (at least 1 s). A late-answer
+        // window on top of it (as `extend` has, whose per-node bound is the short one) would
+        // let a release wait for a slow node twice.
         let mut tally = self.tally("release", "released", "not ours");
-        if tally.until_decided(&mut rx).await
-            || tally
-                .late_quorum(&mut rx, Instant::now() + LATE_ANSWERS)
-                .await
-        {
+        if tally.until_decided(&mut rx).await {
             return Ok(true);
         }
         tally.no_quorum(&self.inner.nodes, false)

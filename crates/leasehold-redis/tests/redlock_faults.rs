@@ -254,8 +254,8 @@ async fn a_node_restarting_empty_breaks_mutual_exclusion_and_a_delayed_restart_d
 }
 
 /// A grant held on a bare majority (3 of 5: another owner has the key on two nodes), one of
-/// whose nodes answers the release later than the per-node timeout: the release still says
-/// the grant was ours (the late answer counts), and leaves no key of ours.
+/// whose nodes answers the release later than the acquisition's per-node timeout: the release
+/// (which waits for a node up to 1 s) still says the grant was ours, and leaves no key of ours.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_on_a_bare_majority_counts_a_late_answer() {
     let ep = require_service!(Service::Redlock);
