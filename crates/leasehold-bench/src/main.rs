@@ -139,7 +139,8 @@ struct PerfArgs {
     /// Which groups to run (comma-separated; default all): memory, file, redis,
     /// redis-sentinel, redis-benchmark, redlock3, redlock5, redlock7, redlock5-blackhole,
     /// redlock5-slow, postgres-tcp, postgres-unix, etcd, etcd-cluster, semaphore (a permit
-    /// cycle against the lock cycle on each backend that gives semaphores), failover (leader
+    /// cycle against the lock cycle on each backend that gives semaphores), handoff (release
+    /// to the next grant with 1 and 64 waiters on one key, on each backend that waits), failover (leader
     /// crash and resign() to a new leader on each backend that gives elections, `--repeats`
     /// times, on the first runtime), tower-layer, fleet, postgres-tcp-pinned,
     /// postgres-unix-pinned.
@@ -160,6 +161,9 @@ impl PerfArgs {
                 contention: Duration::try_from_secs_f64(self.contention_secs)?,
                 repeats: self.repeats,
                 pinned_iterations: self.pinned_iterations,
+                waiters: vec![1, 64],
+                handoffs: 200,
+                handoff_budget: Duration::from_secs(5),
                 quick: false,
                 ..p
             };

@@ -25,6 +25,9 @@
 //! current-thread runtime of its own), and PostgreSQL with the bench and the server pinned to
 //! different CPUs, every figure a median of repeats (run last, in a phase of their own).
 //!
+//! The `handoff` group ([`handoff`]) measures, on every backend that waits, the time from a
+//! release to the next grant with 1 and 64 waiters on one key (each its own client).
+//!
 //! The `semaphore` group ([`semaphore`]) measures an uncontended permit cycle (4 permits per
 //! key) against the same backend's lock cycle on every backend that gives semaphores; the
 //! `failover` group ([`failover`]) the time from a leader's crash, and from its `resign()`, to a
@@ -39,6 +42,7 @@ mod extras;
 pub(crate) mod failover;
 pub(crate) mod fleet;
 mod groups;
+mod handoff;
 mod leftovers;
 pub(crate) mod model;
 mod output;
@@ -91,6 +95,8 @@ async fn run_runtime(p: &Params, rt: &str, out: &Path) -> Vec<Row> {
             rows.extend(extras::redis_cpu(p, rt).await);
         } else if name == "semaphore" {
             rows.extend(semaphore::run(p, rt, out).await);
+        } else if name == "handoff" {
+            rows.extend(handoff::run(p, rt, out).await);
         } else {
             let g = match groups::build_group(name, out).await {
                 Ok(g) => g,

@@ -29,6 +29,12 @@ pub(crate) struct Params {
     pub(crate) pinned_iterations: usize,
     /// Whether the pinned groups pin the bench and PostgreSQL to different CPUs.
     pub(crate) pin: bool,
+    /// Waiter counts of the handoff group.
+    pub(crate) waiters: Vec<usize>,
+    /// Handoffs measured per backend and waiter count, at most (the handoff group).
+    pub(crate) handoffs: usize,
+    /// Time measuring handoffs per backend and waiter count, at most (the handoff group).
+    pub(crate) handoff_budget: Duration,
     /// The quick smoke-test mode.
     pub(crate) quick: bool,
 }
@@ -57,6 +63,9 @@ impl Params {
             repeats: 2,
             pinned_iterations: 40,
             pin,
+            waiters: vec![1, 4],
+            handoffs: 10,
+            handoff_budget: Duration::from_secs(1),
             quick: true,
         }
     }
@@ -64,7 +73,7 @@ impl Params {
 
 /// Every group name `--groups` accepts, in run order. The pinned groups run last, in a
 /// phase of their own (the CPU placement applies to them alone).
-pub(crate) const GROUPS: [&str; 20] = [
+pub(crate) const GROUPS: [&str; 21] = [
     "memory",
     "file",
     "redis",
@@ -80,6 +89,7 @@ pub(crate) const GROUPS: [&str; 20] = [
     "etcd",
     "etcd-cluster",
     "semaphore",
+    "handoff",
     "failover",
     "tower-layer",
     "fleet",
@@ -115,6 +125,8 @@ pub(crate) enum Scenario {
     Semaphore,
     /// Leader crash and resign to a new leader.
     Failover,
+    /// W waiters on one key, each winner releasing at once.
+    Handoff,
     /// A group that could not be set up.
     Setup,
 }
@@ -128,6 +140,7 @@ impl Scenario {
             Self::Repeated => "repeated",
             Self::Semaphore => "semaphore",
             Self::Failover => "failover",
+            Self::Handoff => "handoff",
             Self::Setup => "setup",
         }
     }
@@ -152,6 +165,8 @@ pub(crate) struct Row {
     pub(crate) per_sec: Option<f64>,
     pub(crate) grants: Option<usize>,
     pub(crate) handoff_p50: Option<Duration>,
+    /// The handoff group's p99 (the contention scenario gives the p50 alone).
+    pub(crate) handoff_p99: Option<Duration>,
     pub(crate) longest_wait: Option<Duration>,
     pub(crate) straight_back: Option<f64>,
     pub(crate) leftovers: Option<u64>,
@@ -242,6 +257,7 @@ fn nonsense(r: &Row) -> Option<&'static str> {
         }
         Scenario::Throughput if r.cycles == 0 || no_rate => Some("no cycle completed"),
         Scenario::Contention if r.grants.unwrap_or(0) == 0 => Some("no grant"),
+        Scenario::Handoff if r.handoff_p50.is_none() => Some("no handoff measured"),
         Scenario::Repeated if no_rate => Some("no rate measured"),
         _ => None,
     }

@@ -14,12 +14,12 @@ use crate::report::charts::{self, Series};
 use crate::report::{Table, csv_text};
 use crate::stats::{Spread, ms};
 
-fn fmt_ms(d: Option<Duration>) -> String {
+pub(super) fn fmt_ms(d: Option<Duration>) -> String {
     d.map(ms).unwrap_or_else(|| "–".into())
 }
 
 /// A duration in µs below 10 µs (the LockLayer group's requests), else in ms.
-fn fmt_fine(d: Option<Duration>) -> String {
+pub(super) fn fmt_fine(d: Option<Duration>) -> String {
     match d {
         Some(d) if d < Duration::from_micros(10) => format!("{:.2} µs", d.as_secs_f64() * 1e6),
         other => fmt_ms(other),
@@ -38,7 +38,7 @@ fn ratio(x: Option<f64>, base: Option<f64>) -> String {
 }
 
 /// The *locks left* cell: the error, or the count.
-fn left(error: Option<&str>, leftovers: Option<u64>) -> String {
+pub(super) fn left(error: Option<&str>, leftovers: Option<u64>) -> String {
     match (error, leftovers) {
         (Some(e), _) => format!("**failed**: {}", e.replace('|', "/")),
         (None, Some(n)) => n.to_string(),
@@ -210,7 +210,7 @@ fn throughput_table(groups: &[(&str, Vec<&Row>)], rt: &str, p: &Params) -> Table
 }
 
 /// A table of one line per row of `scenario`, its cells from `cells`.
-fn line_table(
+pub(super) fn line_table(
     title: String,
     header: &[&str],
     groups: &[(&str, Vec<&Row>)],
@@ -298,7 +298,7 @@ fn repeated_table(groups: &[(&str, Vec<&Row>)], rt: &str, p: &Params) -> Table {
 }
 
 /// The ratio cell of a row: its median and range, and what it is a ratio of.
-fn ratio_cell(r: &Row) -> String {
+pub(super) fn ratio_cell(r: &Row) -> String {
     r.ratio
         .as_ref()
         .map_or_else(|| "–".into(), |(s, of)| format!("{} {of}", s.times()))
@@ -408,6 +408,9 @@ pub(super) fn tables(rows: &[Row], rt: &str, p: &Params) -> Vec<Table> {
     if has(Scenario::Failover) {
         v.push(failover_table(&groups, rt));
     }
+    if has(Scenario::Handoff) {
+        v.push(super::handoff::table(&groups, rt, p));
+    }
     if has(Scenario::Repeated) {
         v.push(repeated_table(&groups, rt, p));
     }
@@ -418,7 +421,7 @@ pub(super) fn tables(rows: &[Row], rt: &str, p: &Params) -> Vec<Table> {
 pub(super) fn csv(rows: &[Row]) -> String {
     let mut s = String::from(
         "runtime,group,scenario,implementation,kind,concurrency,cycles,p50_ms,p99_ms,per_sec,\
-         grants,handoff_p50_ms,longest_wait_ms,straight_back_pct,leftovers,ratio_median,\
+         grants,handoff_p50_ms,handoff_p99_ms,longest_wait_ms,straight_back_pct,leftovers,ratio_median,\
          ratio_min,ratio_max,ratio_of,failover_median_ms,failover_min_ms,failover_max_ms,\
          resign_median_ms,resign_min_ms,resign_max_ms,error\n",
     );
@@ -431,7 +434,7 @@ pub(super) fn csv(rows: &[Row]) -> String {
         let spread = r.ratio.as_ref().map(|(s, _)| s);
         let _ = writeln!(
             s,
-            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
             csv_text(&r.runtime),
             csv_text(&r.group),
             r.scenario.as_str(),
@@ -444,6 +447,7 @@ pub(super) fn csv(rows: &[Row]) -> String {
             f(r.per_sec, 1),
             r.grants.map(|x| x.to_string()).unwrap_or_default(),
             d(r.handoff_p50),
+            d(r.handoff_p99),
             d(r.longest_wait),
             f(r.straight_back, 1),
             r.leftovers.map(|x| x.to_string()).unwrap_or_default(),

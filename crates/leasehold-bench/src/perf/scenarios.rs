@@ -38,7 +38,7 @@ fn base_row(rt: &str, g: &Group, s: &Subject, scenario: Scenario, c: usize) -> R
 
 /// Counts what each subject left (clients still alive), after a moment for releases that
 /// are still on the wire.
-async fn count_leftovers(p: &Params, g: &Group, rows: &mut [Row]) {
+pub(super) async fn count_leftovers(p: &Params, g: &Group, rows: &mut [Row]) {
     tokio::time::sleep(if p.quick { SETTLE_QUICK } else { SETTLE }).await;
     let mut found = Vec::new();
     for (s, r) in g.subjects.iter().zip(rows.iter_mut()) {

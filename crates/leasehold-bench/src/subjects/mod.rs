@@ -48,6 +48,12 @@ pub(crate) trait Lock: Send + Sync {
 
     /// Waits for the key, holds it, releases it.
     fn hold(&self, h: Hold<'_>) -> impl Future<Output = Held> + Send;
+
+    /// The `Locker` behind this client, if it is ours (scenarios that drive acquire and
+    /// release apart).
+    fn locker(&self) -> Option<&Locker> {
+        None
+    }
 }
 
 /// One lock client, as the scenarios hold it (`Arc<dyn Client>`): every [`Lock`] is one.
@@ -57,6 +63,9 @@ pub(crate) trait Client: Send + Sync {
 
     /// [`Lock::hold`].
     fn hold<'a>(&'a self, h: Hold<'a>) -> BoxFut<'a, Held>;
+
+    /// [`Lock::locker`].
+    fn locker(&self) -> Option<&Locker>;
 }
 
 impl<T: Lock> Client for T {
@@ -66,6 +75,10 @@ impl<T: Lock> Client for T {
 
     fn hold<'a>(&'a self, h: Hold<'a>) -> BoxFut<'a, Held> {
         Box::pin(Lock::hold(self, h))
+    }
+
+    fn locker(&self) -> Option<&Locker> {
+        Lock::locker(self)
     }
 }
 
@@ -179,7 +192,7 @@ impl Ours {
 }
 
 /// An error unless a release found the lease still held.
-fn released(still_held: bool) -> Result<(), BoxError> {
+pub(crate) fn released(still_held: bool) -> Result<(), BoxError> {
     if still_held {
         Ok(())
     } else {
@@ -199,5 +212,9 @@ impl Lock for Ours {
         let held = held_for(h.hold).await;
         released(lease.release().await?)?;
         Ok(held)
+    }
+
+    fn locker(&self) -> Option<&Locker> {
+        Some(&self.0)
     }
 }

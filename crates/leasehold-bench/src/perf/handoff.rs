@@ -1,0 +1,509 @@
+//! The `handoff` group of `leasehold-bench perf`: waiting at scale. On each backend that waits
+//! (each of our subjects of its lock group, one after the other), W + 1 clients, each its own (a backend and connections of its own, as separate processes
+//! would have), want one key with `acquire(key, budget)`. Whoever is granted releases at once
+//! (as soon as every other client is waiting, see [`SETTLE`]) and queues again once another
+//! client was granted, so every grant hands the key over with W clients waiting. Handoff: from
+//! `release()` returning to the next grant. The table gives its p50 and p99 for each W, the
+//! p50 against the same backend's at the first W, and Redlock's one-waiter handoff against
+//! single-node Redis's.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use leasehold_test_support::services;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::groups::{Group, build_group};
+use super::model::{CYCLE_TIMEOUT, Params, Row, Scenario};
+use super::output::{fmt_fine, fmt_ms, left, line_table, ratio_cell};
+use super::scenarios::{count_leftovers, timed};
+use super::setup_failed;
+use crate::harness::BoxError;
+use crate::report::Table;
+use crate::stats::{Spread, Summary};
+use crate::subjects::{Client, Kind, Subject, released};
+
+/// The backends that wait, as their lock groups are named; ours is measured on each.
+const BACKENDS: [&str; 6] = [
+    "memory",
+    "file",
+    "redis",
+    "redlock5",
+    "postgres-tcp",
+    "etcd",
+];
+/// How long every other client has been waiting when a winner releases: a waiter that queued
+/// again a moment ago has then had its first attempt answered and is waiting (a few round
+/// trips on loopback), so the release finds W waiters.
+pub(super) const SETTLE: Duration = Duration::from_millis(5);
+/// How long the clients still waiting when the measurement stops may take to drain (each
+/// takes the key once and releases it).
+const DRAIN: Duration = Duration::from_secs(30);
+/// Attempts at each client's warm-up cycle.
+const WARM_TRIES: u32 = 3;
+
+/// The handoff rows of every backend that waits, on runtime `rt` (`out`: where the file
+/// backend's lock folder goes).
+pub(super) async fn run(p: &Params, rt: &str, out: &Path) -> Vec<Row> {
+    let mut rows = Vec::new();
+    let mut titles = Vec::new();
+    for name in BACKENDS {
+        let groups = match ours_only(name, out).await {
+            Ok(g) => g,
+            Err(e) => {
+                rows.push(setup_failed(rt, &format!("handoff on {name}"), &e));
+                continue;
+            }
+        };
+        for g in &groups {
+            titles.push((name, g.title.clone()));
+            for &w in &p.waiters {
+                let started = Instant::now();
+                rows.push(measure(p, rt, g, w).await);
+                eprintln!(
+                    "perf [{rt}] handoff on {name} ({}), W={w}: {:.1} s",
+                    g.subjects[0].label,
+                    started.elapsed().as_secs_f64()
+                );
+            }
+        }
+    }
+    let title = |n: &str| titles.iter().find(|(t, _)| *t == n).map(|(_, g)| g.clone());
+    ratios(&mut rows, p, title("redis"), title("redlock5"));
+    rows
+}
+
+/// Lock group `name` with our subjects alone, each in a group of its own (the first, in its
+/// default mode, in the group that keeps what the subjects need).
+async fn ours_only(name: &'static str, out: &Path) -> Result<Vec<Group>, BoxError> {
+    let mut g = build_group(name, out).await?;
+    let mut ours: Vec<Subject> = Vec::new();
+    for s in std::mem::take(&mut g.subjects) {
+        if s.kind == Kind::Ours {
+            ours.push(s);
+        }
+    }
+    let mut ours = ours.into_iter();
+    let first = ours
+        .next()
+        .ok_or_else(|| format!("no leasehold subject in group {name}"))?;
+    let others = ours.map(|s| {
+        let mut other = Group::new(false);
+        other.title.clone_from(&g.title);
+        other.subjects = vec![s];
+        other
+    });
+    let others: Vec<Group> = others.collect();
+    g.subjects = vec![first];
+    Ok(std::iter::once(g).chain(others).collect())
+}
+
+/// One backend at W waiters: the row, with the locks left counted while the clients live.
+async fn measure(p: &Params, rt: &str, g: &Group, w: usize) -> Row {
+    let s: &Subject = &g.subjects[0];
+    let mut row = [Row {
+        runtime: rt.to_owned(),
+        group: g.title.clone(),
+        scenario: Scenario::Handoff,
+        label: s.label.clone(),
+        kind: s.kind.as_str(),
+        concurrency: w,
+        ..Row::default()
+    }];
+    let mut clients = Vec::new();
+    let result = async {
+        for _ in 0..=w {
+            clients.push(timed((s.make)(), CYCLE_TIMEOUT).await?);
+        }
+        relay(p, &clients).await
+    }
+    .await;
+    match result {
+        Ok((turns, failed)) => {
+            fill(&mut row[0], turns);
+            if let Some(e) = failed {
+                row[0].error.get_or_insert(e);
+            }
+        }
+        Err(e) => row[0].error = Some(e),
+    }
+    count_leftovers(p, g, &mut row).await;
+    drop(clients);
+    let [row] = row;
+    row
+}
+
+/// One grant of the relay.
+#[derive(Debug, Clone, Copy)]
+struct Turn {
+    /// The client that took it.
+    client: usize,
+    /// When it began waiting, was granted, called `release()`, and `release()` returned.
+    asked: Instant,
+    got: Instant,
+    releasing: Instant,
+    freed: Instant,
+}
+
+/// What the clients of a relay share.
+struct Relay {
+    /// When each client began waiting (`None`: not waiting).
+    waiting: Vec<Option<Instant>>,
+    /// The client granted last.
+    holder: Option<usize>,
+    turns: Vec<Turn>,
+    /// Set once enough handoffs were measured, the time is up, or a client failed.
+    stop: bool,
+    error: Option<String>,
+}
+
+/// Runs the relay of `clients` on one key: the grants measured, and why the relay failed if
+/// it did (an error before the relay began: `Err`).
+async fn relay(p: &Params, clients: &[Arc<dyn Client>]) -> Result<Relayed, String> {
+    let key = services::unique_prefix("handoff");
+    // Warm-up on keys of their own: connections opened, scripts loaded. Not measured, so a
+    // transient failure (a Redlock node slower than its 50 ms bound on a loaded machine) is
+    // tried again.
+    for (i, c) in clients.iter().enumerate() {
+        let warm = format!("{key}-warm-{i}");
+        let mut tries = 0;
+        while let Err(e) = timed(c.cycle(&warm), CYCLE_TIMEOUT).await {
+            tries += 1;
+            if tries == WARM_TRIES {
+                return Err(format!("warm-up: {e}"));
+            }
+        }
+    }
+    let (tx, _) = watch::channel(Relay {
+        waiting: vec![None; clients.len()],
+        holder: None,
+        turns: Vec::new(),
+        stop: false,
+        error: None,
+    });
+    let tx = Arc::new(tx);
+    let end = Instant::now() + p.handoff_budget;
+    let budget = p.handoff_budget + DRAIN;
+    let want = p.handoffs + 1;
+    let tasks: Vec<_> = clients
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let (c, tx, key) = (Arc::clone(c), Arc::clone(&tx), key.clone());
+            tokio::spawn(async move {
+                let turns = Turns {
+                    client: i,
+                    tx: &tx,
+                    key: &key,
+                    budget,
+                    end,
+                    want,
+                };
+                if let Err(e) = turns.take(c.as_ref()).await {
+                    tx.send_modify(|r| {
+                        r.stop = true;
+                        r.error.get_or_insert(format!("client {i}: {e}"));
+                    });
+                }
+            })
+        })
+        .collect();
+    let aborts: Vec<_> = tasks
+        .iter()
+        .map(tokio::task::JoinHandle::abort_handle)
+        .collect();
+    let joined = tokio::time::timeout(budget + CYCLE_TIMEOUT, async {
+        for t in tasks {
+            t.await.map_err(|e| e.to_string())?;
+        }
+        Ok::<_, String>(())
+    })
+    .await;
+    aborts.iter().for_each(tokio::task::AbortHandle::abort);
+    let joined = match joined {
+        Ok(j) => j.err(),
+        Err(_) => Some("the waiters did not drain in time".to_owned()),
+    };
+    let r = tx.borrow();
+    Ok((r.turns.clone(), r.error.clone().or(joined)))
+}
+
+/// The grants of a relay, and why it failed if it did.
+type Relayed = (Vec<Turn>, Option<String>);
+
+/// One client's part in a relay.
+struct Turns<'a> {
+    client: usize,
+    tx: &'a watch::Sender<Relay>,
+    key: &'a str,
+    /// The wait budget of each `acquire`.
+    budget: Duration,
+    /// When to stop measuring, and how many grants to measure at most.
+    end: Instant,
+    want: usize,
+}
+
+impl Turns<'_> {
+    /// Takes the key over and over: waits for it, releases it once every other client
+    /// waits, and queues again once another client was granted. Ends when the relay stops
+    /// and this client is not waiting.
+    async fn take(&self, c: &dyn Client) -> Result<(), String> {
+        let i = self.client;
+        let locker = c.locker().ok_or("not a leasehold client")?;
+        let mut rx = self.tx.subscribe();
+        loop {
+            let stop = rx
+                .wait_for(|r| r.stop || r.holder != Some(i))
+                .await
+                .map_err(|e| e.to_string())?
+                .stop;
+            if stop {
+                return Ok(());
+            }
+            let asked = Instant::now();
+            self.tx.send_modify(|r| r.waiting[i] = Some(asked));
+            let lease = locker
+                .acquire(self.key, self.budget)
+                .await
+                .map_err(|e| e.to_string())?;
+            let got = Instant::now();
+            self.tx.send_modify(|r| {
+                r.waiting[i] = None;
+                r.holder = Some(i);
+            });
+            self.all_waiting(&mut rx).await?;
+            let releasing = Instant::now();
+            released(lease.release().await.map_err(|e| e.to_string())?)
+                .map_err(|e| e.to_string())?;
+            let freed = Instant::now();
+            let turn = Turn {
+                client: i,
+                asked,
+                got,
+                releasing,
+                freed,
+            };
+            self.tx.send_modify(|r| {
+                if !r.stop {
+                    r.turns.push(turn);
+                    r.stop = r.turns.len() >= self.want || freed >= self.end;
+                }
+            });
+        }
+    }
+
+    /// Returns once every other client has been waiting for [`SETTLE`], or the relay stops.
+    async fn all_waiting(&self, rx: &mut watch::Receiver<Relay>) -> Result<(), String> {
+        loop {
+            let since = {
+                let r = rx.borrow_and_update();
+                if r.stop {
+                    return Ok(());
+                }
+                let others = r.waiting.iter().enumerate();
+                let others = others.filter(|&(j, _)| j != self.client).map(|(_, w)| *w);
+                others
+                    .collect::<Option<Vec<_>>>()
+                    .map(|v| v.into_iter().max())
+            };
+            match since {
+                None => rx.changed().await.map_err(|e| e.to_string())?,
+                Some(Some(t)) if Instant::now() < t + SETTLE => {
+                    tokio::time::sleep_until(t + SETTLE).await;
+                }
+                Some(_) => return Ok(()),
+            }
+        }
+    }
+}
+
+/// Fills a row from the turns of a relay: the handoffs (from one `release()` returning to the
+/// next grant; zero when the grant came first), the longest wait, and an error if a grant
+/// came before the previous holder called `release()` (two holders at once).
+fn fill(row: &mut Row, mut turns: Vec<Turn>) {
+    turns.sort_by_key(|t| t.got);
+    let mut handoffs = Vec::new();
+    for w in turns.windows(2) {
+        if w[1].got < w[0].releasing {
+            row.error = Some(format!(
+                "two holders at once: client {} was granted {:?} before client {} released",
+                w[1].client,
+                w[0].releasing - w[1].got,
+                w[0].client
+            ));
+        }
+        handoffs.push(w[1].got.saturating_duration_since(w[0].freed));
+    }
+    row.grants = Some(turns.len());
+    row.cycles = handoffs.len();
+    row.longest_wait = turns.iter().map(|t| t.got - t.asked).max();
+    if !handoffs.is_empty() {
+        let s = Summary::of(handoffs);
+        row.handoff_p50 = Some(s.p50);
+        row.handoff_p99 = Some(s.p99);
+    }
+}
+
+/// The ratio of two p50s, if both were measured.
+fn p50_ratio(of: &Row, base: Option<&Row>) -> Option<Spread> {
+    let (x, b) = (of.handoff_p50?, base?.handoff_p50?);
+    (!b.is_zero()).then(|| Spread::of(&mut [x.as_secs_f64() / b.as_secs_f64()]))
+}
+
+/// Gives each row at more waiters its p50 against the same backend's at the first waiter
+/// count, and Redlock's row at that count its p50 against single-node Redis's (`redis`,
+/// `redlock`: their group titles).
+fn ratios(rows: &mut [Row], p: &Params, redis: Option<String>, redlock: Option<String>) {
+    let Some(&first) = p.waiters.first() else {
+        return;
+    };
+    // The first row of a group at `w` (its default mode: measured first), or of a label.
+    let at = |rows: &[Row], group: &str, label: Option<&str>, w: usize| {
+        rows.iter()
+            .find(|r| r.group == group && label.is_none_or(|l| r.label == l))
+            .filter(|r| r.concurrency == w && r.error.is_none())
+            .cloned()
+    };
+    for i in 0..rows.len() {
+        if rows[i].concurrency == first {
+            continue;
+        }
+        let base = at(rows, &rows[i].group, Some(&rows[i].label), first);
+        if let Some(x) = p50_ratio(&rows[i], base.as_ref()) {
+            rows[i].ratio = Some((x, format!("of W={first}")));
+        }
+    }
+    if let (Some(redis), Some(redlock)) = (redis, redlock)
+        && let Some(base) = at(rows, &redis, None, first)
+        && let Some(r) = rows
+            .iter_mut()
+            .find(|r| r.group == redlock)
+            .filter(|r| r.concurrency == first)
+        && let Some(x) = p50_ratio(r, Some(&base))
+    {
+        r.ratio = Some((x, format!("of single-node Redis at W={first}")));
+    }
+}
+
+/// The handoff table of runtime `rt`.
+pub(super) fn table(groups: &[(&str, Vec<&Row>)], rt: &str, p: &Params) -> Table {
+    let title = format!(
+        "Waiting at scale: W waiters on one key, each winner releasing at once; at most {} \
+         handoffs or {:?} per W ({rt} runtime)",
+        p.handoffs, p.handoff_budget
+    );
+    let header = [
+        "backend",
+        "implementation",
+        "waiters (W)",
+        "handoffs",
+        "handoff p50",
+        "handoff p99",
+        "longest wait",
+        "p50 ratio",
+        "locks left",
+    ];
+    let mut t = line_table(title, &header, groups, Scenario::Handoff, |r| {
+        vec![
+            r.concurrency.to_string(),
+            r.cycles.to_string(),
+            fmt_fine(r.handoff_p50),
+            fmt_fine(r.handoff_p99),
+            fmt_ms(r.longest_wait),
+            ratio_cell(r),
+            left(r.error.as_deref(), r.leftovers),
+        ]
+    });
+    t.note(format!(
+        "W + 1 clients, each its own (a backend and connections of its own, as separate \
+         processes would have; the memory rows share one in-process backend), want one key \
+         with `acquire(key, budget)`. The client granted releases as soon as every other \
+         client has been waiting for {SETTLE:?}, and queues again once another client was \
+         granted, so each release finds W waiters and every grant is a handoff. Handoff: from \
+         `release()` returning to the next grant. *p50 ratio*: at W > 1 the handoff p50 \
+         against the same backend's at W = 1; on the Redlock row at W = 1, against \
+         single-node Redis's at W = 1. *locks left* as in the cycle table."
+    ));
+    t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn turn(client: usize, at: Instant, got_ms: u64) -> Turn {
+        let got = at + Duration::from_millis(got_ms);
+        Turn {
+            client,
+            asked: at,
+            got,
+            releasing: got + Duration::from_millis(1),
+            freed: got + Duration::from_millis(2),
+        }
+    }
+
+    #[test]
+    fn handoffs_run_from_release_returning_to_the_next_grant() {
+        let t0 = Instant::now();
+        let mut r = Row::default();
+        // Granted at 0, 5, 8 and 11 ms (each release called 1 ms and returning 2 ms after
+        // its grant): handoffs of 3, 1 and 1 ms; the longest wait 5 ms.
+        let later = t0 + Duration::from_millis(6);
+        fill(
+            &mut r,
+            vec![
+                turn(1, t0, 5),
+                turn(0, t0, 0),
+                turn(0, later, 2),
+                turn(1, later, 5),
+            ],
+        );
+        assert_eq!(r.error, None);
+        assert_eq!((r.grants, r.cycles), (Some(4), 3));
+        assert_eq!(r.handoff_p50, Some(Duration::from_millis(1)));
+        assert_eq!(r.handoff_p99, Some(Duration::from_millis(3)));
+        assert_eq!(r.longest_wait, Some(Duration::from_millis(5)));
+        // A grant before the previous holder called release: two holders at once.
+        let mut r = Row::default();
+        fill(&mut r, vec![turn(0, t0, 0), turn(1, t0, 0)]);
+        assert!(
+            r.error
+                .as_deref()
+                .is_some_and(|e| e.contains("two holders at once")),
+            "{:?}",
+            r.error
+        );
+    }
+
+    #[test]
+    fn ratios_against_one_waiter_and_single_node_redis() {
+        let p = Params::quick(Vec::new(), false);
+        let row = |group: &str, w: usize, ms: u64| Row {
+            group: group.into(),
+            scenario: Scenario::Handoff,
+            concurrency: w,
+            handoff_p50: Some(Duration::from_millis(ms)),
+            ..Row::default()
+        };
+        let mut rows = vec![
+            row("redis", 1, 2),
+            row("redis", 4, 3),
+            row("redlock", 1, 8),
+            row("redlock", 4, 4),
+        ];
+        ratios(&mut rows, &p, Some("redis".into()), Some("redlock".into()));
+        let cell = |r: &Row| ratio_cell(r);
+        assert_eq!(cell(&rows[0]), "–");
+        assert_eq!(cell(&rows[1]), "1.500× of W=1");
+        assert_eq!(cell(&rows[2]), "4.000× of single-node Redis at W=1");
+        assert_eq!(cell(&rows[3]), "0.500× of W=1");
+        let no_grant = Row {
+            handoff_p50: None,
+            ..rows[0].clone()
+        };
+        let problems = crate::perf::model::problems(&[no_grant]);
+        assert!(problems[0].contains("no handoff measured"), "{problems:?}");
+    }
+}
