@@ -78,9 +78,8 @@ pub(crate) async fn queue_under(
     // The etcd part runs in its own task, so a request that was sent always has its outcome
     // seen: if our caller is gone by then, the task deletes what it created. The task (which
     // the caller's thread allocates) holds only the job; the request's state is boxed by the
-    // task itself on the thread that runs it, where it is freed too, so that a caller's heap
-    // is not left with holes of it between the leases it keeps (a fleet of leases taken
-    // from one thread of a multi-thread runtime cost several KiB more each without this).
+    // task itself on the thread that runs it, where it is freed too, so that the caller's
+    // heap is not left with holes of it between the leases it keeps.
     tokio::spawn(async move { Box::pin(job.run(tx)).await });
     let answer = rx.await.unwrap_or_else(|_| {
         Err(Error::new(
