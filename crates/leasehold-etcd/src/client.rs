@@ -10,7 +10,7 @@ use etcd_client::{
     TxnOp, TxnOpResponse, TxnResponse,
 };
 use leasehold_core::{Backoff, Error, ErrorKind, FencingToken};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{AcquireError, Semaphore};
 
 use crate::NAME;
 use crate::config::EtcdConfig;
@@ -28,8 +28,9 @@ pub(crate) struct Inner {
     /// whole seconds ([`lease_secs`]); each replaced when lost.
     pub(crate) sessions: tokio::sync::Mutex<HashMap<i64, Arc<Session>>>,
     /// In-process exclusion: one semaphore per waiter key (lock prefix + session lease), so
-    /// two local tasks never share a waiter key (etcd would count them as one owner).
-    local: Mutex<HashMap<Vec<u8>, Arc<Semaphore>>>,
+    /// two local tasks never share a waiter key (etcd would count them as one owner). The key
+    /// is the one the slot and the grant hold: stored once per held lock.
+    local: Mutex<HashMap<Key, Arc<Semaphore>>>,
 }
 
 impl Inner {
@@ -53,12 +54,14 @@ impl Inner {
         {
             return Ok(Arc::clone(s));
         }
-        let s = Session::grant(
+        // Boxed: a grant is rare, and inline its request would make every acquisition's
+        // future (the caller's, and the task's) as large as a whole gRPC call.
+        let s = Box::pin(Session::grant(
             self.client.lease_client(),
             ttl,
             self.config.request_timeout,
             true,
-        )
+        ))
         .await
         .map_err(|e| e.into_core("granting the session lease"))?;
         sessions.retain(|_, s| !s.is_lost());
@@ -94,7 +97,7 @@ impl Inner {
         sessions.values().all(|s| s.is_lost())
     }
 
-    fn local(&self) -> MutexGuard<'_, HashMap<Vec<u8>, Arc<Semaphore>>> {
+    fn local(&self) -> MutexGuard<'_, HashMap<Key, Arc<Semaphore>>> {
         self.local.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -151,48 +154,78 @@ impl Inner {
     }
 }
 
+/// An etcd key a grant holds, shared (not copied) by the grant, its in-process slot and the
+/// in-process lock table: a fleet of held locks stores each key once.
+pub(crate) type Key = Arc<[u8]>;
+
 /// The key a session lease waits on and holds a lock with: `<lock prefix><lease id in hex>`,
 /// exactly as `etcdctl lock` (the v3 concurrency recipe) names it.
 pub(crate) fn waiter_key(prefix: &[u8], lease: i64) -> Vec<u8> {
-    let mut key = prefix.to_vec();
-    key.extend_from_slice(format!("{lease:x}").as_bytes());
+    let hex = format!("{lease:x}");
+    let mut key = Vec::with_capacity(prefix.len() + hex.len());
+    key.extend_from_slice(prefix);
+    key.extend_from_slice(hex.as_bytes());
     key
 }
 
 /// One in-process lock slot: the semaphore of a waiter key, and our permit once we have it.
-/// Dropping it frees the permit and forgets the semaphore if nobody else uses it.
+/// Dropping it gives the permit back and forgets the semaphore if nobody else uses it.
 pub(crate) struct LocalSlot {
     inner: Arc<Inner>,
-    key: Vec<u8>,
-    pub(crate) sem: Arc<Semaphore>,
-    permit: Option<OwnedSemaphorePermit>,
+    key: Key,
+    sem: Arc<Semaphore>,
+    /// Whether we hold the semaphore's permit (taken and forgotten, so that the slot carries
+    /// no permit object of its own; given back on drop).
+    held: bool,
 }
 
 impl LocalSlot {
-    pub(crate) fn new(inner: &Arc<Inner>, key: Vec<u8>) -> Self {
+    pub(crate) fn new(inner: &Arc<Inner>, key: Key) -> Self {
         let sem = Arc::clone(
             inner
                 .local()
-                .entry(key.clone())
+                .entry(Arc::clone(&key))
                 .or_insert_with(|| Arc::new(Semaphore::new(1))),
         );
         Self {
             inner: Arc::clone(inner),
             key,
             sem,
-            permit: None,
+            held: false,
         }
     }
 
-    pub(crate) fn with(mut self, permit: OwnedSemaphorePermit) -> Self {
-        self.permit = Some(permit);
-        self
+    /// The waiter key this slot guards.
+    pub(crate) fn key(&self) -> &Key {
+        &self.key
+    }
+
+    /// Takes the permit if it is free: whether we hold it now.
+    pub(crate) fn try_take(&mut self) -> bool {
+        match self.sem.try_acquire() {
+            Ok(permit) => {
+                permit.forget();
+                self.held = true;
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// Waits for the permit (first come, first served). Cancel-safe: a wait dropped before
+    /// it completes holds nothing.
+    pub(crate) async fn take(&mut self) -> Result<(), AcquireError> {
+        self.sem.acquire().await?.forget();
+        self.held = true;
+        Ok(())
     }
 }
 
 impl Drop for LocalSlot {
     fn drop(&mut self) {
-        drop(self.permit.take());
+        if std::mem::take(&mut self.held) {
+            self.sem.add_permits(1);
+        }
         let mut map = self.inner.local();
         // Two references: the map's and ours. Nobody else waits on it: forget it.
         if Arc::strong_count(&self.sem) == 2 {

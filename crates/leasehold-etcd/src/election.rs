@@ -20,7 +20,8 @@ use tokio::time::Instant;
 
 use crate::NAME;
 use crate::client::{Inner, checked_revision, first_created, token};
-use crate::job::{EtcdGrant, Mode, confirm, first_holder, lock_under};
+use crate::held::{EtcdGrant, confirm};
+use crate::job::{Mode, first_holder, lock_under};
 
 /// The election view of an etcd backend for one candidate.
 pub(crate) struct EtcdElection {
@@ -138,7 +139,14 @@ impl LockBackend for EtcdElection {
         match req.held.state::<EtcdGrant>() {
             Some(g) => {
                 let session = Some(Arc::clone(&g.session));
-                confirm(&self.inner, g.key.clone(), &g.owner, session, req.ttl).await
+                confirm(
+                    &self.inner,
+                    g.key.to_vec(),
+                    g.owner.as_str(),
+                    session,
+                    req.ttl,
+                )
+                .await
             }
             None => Ok(None),
         }

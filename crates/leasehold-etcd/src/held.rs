@@ -1,15 +1,17 @@
-//! Release and renewal of a grant, by its state or (when the caller never saw the grant) by
-//! its owner value under a range: shared by the lock backend and the permit view, whose keys
-//! carry unique owner values.
+//! The state a held grant keeps ([`EtcdGrant`]), and its release and renewal, by that state or
+//! (when the caller never saw the grant) by its owner value under a range: shared by the lock
+//! backend, the permit view (whose keys carry unique owner values) and elections.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
-use leasehold_core::{Error, ExtendRequest, Held, Validity};
+use leasehold_core::{Error, ExtendRequest, Held, Owner, Validity};
 
-use crate::client::Inner;
+use crate::client::{Inner, Key, LocalSlot, finish};
 use crate::config::LeaseMode;
 use crate::error::EtcdError;
-use crate::job::{EtcdGrant, confirm};
+use crate::session::Session;
 
 /// Releases `held`, a grant under `range`: by its state, or by deleting whatever key under
 /// the range holds its owner value.
@@ -32,7 +34,7 @@ pub(crate) async fn extend(
 ) -> Result<Option<Validity>, Error> {
     let (key, owner, session) = match req.held.state::<EtcdGrant>() {
         Some(g) => (
-            g.key.clone(),
+            g.key.to_vec(),
             g.owner.as_str(),
             Some(Arc::clone(&g.session)),
         ),
@@ -75,5 +77,113 @@ async fn keys_gone(inner: &Inner) -> bool {
     match inner.config.lease_mode {
         LeaseMode::PerLock => true,
         LeaseMode::Session => inner.no_live_session().await,
+    }
+}
+
+/// Whether our `key` (value `owner`) is still there on `session`'s lease: its validity if so.
+pub(crate) async fn confirm(
+    inner: &Inner,
+    key: Vec<u8>,
+    owner: &str,
+    session: Option<Arc<Session>>,
+    ttl: Duration,
+) -> Result<Option<Validity>, Error> {
+    let Some(session) = session.filter(|s| !s.is_lost()) else {
+        return Ok(None);
+    };
+    // Confirm with etcd that our key is still there, on our lease.
+    let validity = session.validity(ttl);
+    let resp = inner
+        .get("extend", key, None)
+        .await
+        .map_err(|e| e.into_core("extend"))?;
+    let held = resp
+        .kvs()
+        .first()
+        .is_some_and(|kv| kv.value() == owner.as_bytes() && kv.lease() == session.id());
+    Ok(held.then_some(validity))
+}
+
+/// The backend-private state of a grant.
+pub(crate) struct EtcdGrant {
+    pub(crate) inner: Arc<Inner>,
+    /// Our key, shared with the in-process slot (no copy per held lock).
+    pub(crate) key: Key,
+    /// Our owner value, shared with the lease (no copy either).
+    pub(crate) owner: Owner,
+    pub(crate) session: Arc<Session>,
+    pub(crate) per_lock: bool,
+    /// Our in-process permit, freed once our key is deleted.
+    pub(crate) slot: Mutex<Option<LocalSlot>>,
+    pub(crate) done: AtomicBool,
+}
+
+impl EtcdGrant {
+    /// Deletes our key if it is still ours: `Ok(true)` if it was.
+    pub(crate) async fn release(&self) -> Result<bool, Error> {
+        if self.done.load(Ordering::Acquire) {
+            return Ok(false);
+        }
+        match self
+            .inner
+            .delete_if_owner(&self.key, self.owner.as_str())
+            .await
+        {
+            Ok(ours) => {
+                self.finish();
+                Ok(ours)
+            }
+            // Our key lives on the session lease: once that is gone, so is the key.
+            Err(_) if self.session.is_lost() => {
+                self.finish();
+                Ok(false)
+            }
+            Err(e) => Err(e.into_core("release")),
+        }
+    }
+
+    /// Our key is deleted (or gone with its lease): ends a per-lock lease and frees the
+    /// in-process permit, once.
+    pub(crate) fn finish(&self) {
+        if !self.done.swap(true, Ordering::AcqRel) {
+            if self.per_lock {
+                self.session.close();
+            }
+            drop(self.take_slot());
+        }
+    }
+
+    pub(crate) fn take_slot(&self) -> Option<LocalSlot> {
+        self.slot
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+    }
+}
+
+impl Drop for EtcdGrant {
+    fn drop(&mut self) {
+        if self.done.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        // Never released (the grant was dropped before anyone took it, or release failed):
+        // delete our key in the background, then free the permit.
+        if self.per_lock {
+            self.session.close();
+            return;
+        }
+        let slot = self.take_slot();
+        let (inner, key, owner, session) = (
+            Arc::clone(&self.inner),
+            Arc::clone(&self.key),
+            self.owner.clone(),
+            Arc::clone(&self.session),
+        );
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            drop(rt.spawn(async move {
+                finish(&inner, &key, owner.as_str(), &session).await;
+                drop(slot);
+            }));
+        }
     }
 }

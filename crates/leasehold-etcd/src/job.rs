@@ -1,9 +1,9 @@
-//! The etcd part of one acquisition, run in a task of its own, and the grant it makes.
+//! The etcd part of one acquisition, run in a task of its own, and what it answers.
 
 mod permits;
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use etcd_client::{
@@ -20,10 +20,11 @@ use tokio::time::Instant;
 
 use crate::NAME;
 use crate::client::{
-    Inner, LocalSlot, all_kvs, checked_revision, finish, first_created, first_kv, revision, token,
-    waiter_key,
+    Inner, Key, LocalSlot, all_kvs, checked_revision, finish, first_created, first_kv, revision,
+    token, waiter_key,
 };
 use crate::config::LeaseMode;
+use crate::held::EtcdGrant;
 use crate::session::Session;
 
 pub(crate) use permits::Limit;
@@ -55,16 +56,13 @@ pub(crate) async fn queue_under(
         (LeaseMode::Session, Queue::Permits(_)) => (Some(inner.session(req.ttl).await?), None),
         (LeaseMode::Session, Queue::One) => loop {
             let session = inner.session(req.ttl).await?;
-            let key = waiter_key(&prefix, session.id());
-            let slot = LocalSlot::new(inner, key);
+            let mut slot = LocalSlot::new(inner, waiter_key(&prefix, session.id()).into());
             match mode {
-                Mode::Try => match Arc::clone(&slot.sem).try_acquire_owned() {
-                    Ok(p) => break (Some(session), Some(slot.with(p))),
-                    Err(_) => return Ok(None),
-                },
+                Mode::Try if slot.try_take() => break (Some(session), Some(slot)),
+                Mode::Try => return Ok(None),
                 Mode::Wait(deadline) => tokio::select! {
-                    p = Arc::clone(&slot.sem).acquire_owned() => match p {
-                        Ok(p) => break (Some(session), Some(slot.with(p))),
+                    p = slot.take() => match p {
+                        Ok(()) => break (Some(session), Some(slot)),
                         Err(_) => return Err(Error::new(ErrorKind::Backend, NAME,
                             "in-process lock table closed")),
                     },
@@ -78,39 +76,36 @@ pub(crate) async fn queue_under(
     let (tx, rx) = oneshot::channel();
     let job = Job::new(inner, prefix, queue, &req, mode, session, slot);
     // The etcd part runs in its own task, so a request that was sent always has its outcome
-    // seen: if our caller is gone by then, the task deletes what it created.
-    tokio::spawn(job.run(tx));
-    rx.await.unwrap_or_else(|_| {
+    // seen: if our caller is gone by then, the task deletes what it created. The task (which
+    // the caller's thread allocates) holds only the job; the request's state is boxed by the
+    // task itself on the thread that runs it, where it is freed too, so that the caller's
+    // heap is not left with holes of it between the leases it keeps.
+    tokio::spawn(async move { Box::pin(job.run(tx)).await });
+    let answer = rx.await.unwrap_or_else(|_| {
         Err(Error::new(
             ErrorKind::Backend,
             NAME,
             "the acquisition task ended without an answer",
         ))
-    })
+    });
+    Ok(answer?.map(Granted::into_grant))
 }
 
-/// Whether our `key` (value `owner`) is still there on `session`'s lease: its validity if so.
-pub(crate) async fn confirm(
-    inner: &Inner,
-    key: Vec<u8>,
-    owner: &str,
-    session: Option<Arc<Session>>,
-    ttl: Duration,
-) -> Result<Option<Validity>, Error> {
-    let Some(session) = session.filter(|s| !s.is_lost()) else {
-        return Ok(None);
-    };
-    // Confirm with etcd that our key is still there, on our lease.
-    let validity = session.validity(ttl);
-    let resp = inner
-        .get("extend", key, None)
-        .await
-        .map_err(|e| e.into_core("extend"))?;
-    let held = resp
-        .kvs()
-        .first()
-        .is_some_and(|kv| kv.value() == owner.as_bytes() && kv.lease() == session.id());
-    Ok(held.then_some(validity))
+/// A grant as the acquisition task answers it: its parts, boxed into a [`Grant`] by the caller,
+/// so that the state a held lock keeps is allocated where the lease that keeps it is (not
+/// among the transient buffers of the task's thread).
+pub(crate) struct Granted {
+    validity: Validity,
+    fencing: FencingToken,
+    state: EtcdGrant,
+}
+
+impl Granted {
+    fn into_grant(self) -> Grant {
+        Grant::new(self.validity)
+            .with_fencing(self.fencing)
+            .with_state(self.state)
+    }
 }
 
 /// What etcd says of the oldest key under `prefix`: the holder.
@@ -217,7 +212,7 @@ pub(crate) struct Job {
     inner: Arc<Inner>,
     prefix: Vec<u8>,
     queue: Queue,
-    owner: String,
+    owner: Owner,
     ttl: Duration,
     /// The instant before the request that found our key first in line: our caller's, or
     /// the last check of a wait. No validity starts later.
@@ -231,7 +226,7 @@ pub(crate) struct Job {
     created: bool,
 }
 
-type Answer = oneshot::Sender<Result<Option<Grant>, Error>>;
+type Answer = oneshot::Sender<Result<Option<Granted>, Error>>;
 
 impl Job {
     /// The etcd part of `req`, under the lock prefix `prefix`, on `session` (granted by the
@@ -249,7 +244,7 @@ impl Job {
             inner: Arc::clone(inner),
             prefix,
             queue,
-            owner: req.owner.as_str().to_owned(),
+            owner: req.owner.clone(),
             ttl: req.ttl,
             started: req.started,
             monitor: req.monitor.clone(),
@@ -265,7 +260,7 @@ impl Job {
         let per_lock = self.inner.config.lease_mode == LeaseMode::PerLock;
         match (outcome, self.session.take()) {
             (Ok(Some(rev)), Some(session)) => {
-                let key = self.key_of(session.id());
+                let key = self.grant_key(session.id());
                 let v = session.validity(self.ttl);
                 // A per-lock lease was granted after our caller's request started; count
                 // from the earlier instant, as the contract asks. After a wait, from the last
@@ -277,14 +272,18 @@ impl Job {
                 let state = EtcdGrant {
                     inner: Arc::clone(&self.inner),
                     key,
-                    owner: std::mem::take(&mut self.owner),
+                    owner: self.owner.clone(),
                     session,
                     per_lock,
                     slot: Mutex::new(self.slot.take()),
                     done: AtomicBool::new(false),
                 };
                 let fencing = FencingToken::new(rev.unsigned_abs());
-                let grant = Grant::new(validity).with_fencing(fencing).with_state(state);
+                let grant = Granted {
+                    validity,
+                    fencing,
+                    state,
+                };
                 // If our caller is gone, dropping the grant releases it (EtcdGrant's Drop).
                 drop(tx.send(Ok(Some(grant))));
             }
@@ -299,7 +298,7 @@ impl Job {
                     && !tx.is_closed()
                 {
                     let key = self.key_of(session.id());
-                    let delete = self.inner.delete_if_owner(&key, &self.owner);
+                    let delete = self.inner.delete_if_owner(&key, self.owner.as_str());
                     deleted = matches!(
                         tokio::time::timeout(ANSWER_CLEANUP, delete).await,
                         Ok(Ok(_))
@@ -311,7 +310,7 @@ impl Job {
                         session.close();
                     } else if self.created && !deleted {
                         let key = self.key_of(session.id());
-                        finish(&self.inner, &key, &self.owner, &session).await;
+                        finish(&self.inner, &key, self.owner.as_str(), &session).await;
                     }
                 }
                 // The slot (our in-process permit) is freed only now, after our key is gone.
@@ -332,23 +331,30 @@ impl Job {
         let key = self.key_of(session.id());
         let put = TxnOp::put(
             key.clone(),
-            self.owner.clone(),
+            self.owner.as_str(),
             Some(PutOptions::new().with_lease(session.id())),
         );
+        // The paths a lock taken at once does not go through (a semaphore's, a wait behind
+        // another holder) are boxed, so that the task of every acquisition is only as large
+        // as that common path needs: a fleet of acquisitions churns less memory.
         let queue = self.queue.clone();
         let deadline = match (self.mode, &queue) {
             (Mode::Try, Queue::One) => return self.try_create(tx, &key, put).await,
-            (Mode::Try, Queue::Permits(l)) => return self.try_permit(tx, &key, put, l).await,
+            (Mode::Try, Queue::Permits(l)) => {
+                return Box::pin(self.try_permit(tx, &key, put, l)).await;
+            }
             (Mode::Wait(deadline), _) => deadline,
         };
         let queued = match &queue {
             Queue::One => self.enqueue(tx, &key, put).await?,
-            Queue::Permits(l) => self.enqueue_permit(tx, &key, put, l).await?,
+            Queue::Permits(l) => Box::pin(self.enqueue_permit(tx, &key, put, l)).await?,
         };
         match queued {
             None => Ok(None),
             Some((rev, true)) => Ok(Some(rev)),
-            Some((my_rev, false)) => self.wait_turn(tx, &session, &key, my_rev, deadline).await,
+            Some((my_rev, false)) => {
+                Box::pin(self.wait_turn(tx, &session, &key, my_rev, deadline)).await
+            }
         }
     }
 
@@ -357,7 +363,16 @@ impl Job {
     fn key_of(&self, lease: i64) -> Vec<u8> {
         match self.queue {
             Queue::One => waiter_key(&self.prefix, lease),
-            Queue::Permits(_) => permits::permit_key(&self.prefix, lease, &self.owner),
+            Queue::Permits(_) => permits::permit_key(&self.prefix, lease, self.owner.as_str()),
+        }
+    }
+
+    /// The key a grant on `lease` keeps: the in-process slot's (the same key, stored once),
+    /// or ours alone (a lease per lock, a permit).
+    fn grant_key(&self, lease: i64) -> Key {
+        match &self.slot {
+            Some(slot) => Arc::clone(slot.key()),
+            None => self.key_of(lease).into(),
         }
     }
 
@@ -366,12 +381,12 @@ impl Job {
         if let Some(s) = &self.session {
             return Ok(Arc::clone(s));
         }
-        let s = Session::grant(
+        let s = Box::pin(Session::grant(
             self.inner.client.lease_client(),
             self.ttl,
             self.inner.config.request_timeout,
             true,
-        )
+        ))
         .await
         .map_err(|e| e.into_core("granting a lease"))?;
         self.session = Some(Arc::clone(&s));
@@ -415,7 +430,7 @@ impl Job {
         }
         match first_kv(&resp, 0) {
             // Our own key already: an earlier send of this very request landed.
-            Some(kv) if kv.value() == self.owner.as_bytes() => {
+            Some(kv) if kv.value() == self.owner.as_str().as_bytes() => {
                 return checked_revision(kv.create_revision()).map(Some);
             }
             Some(stale) => self.drop_stale(&stale).await,
@@ -447,7 +462,7 @@ impl Job {
         }
         match first_kv(&resp, 0) {
             // Our own key already: queued (or holding) since its create revision.
-            Some(kv) if kv.value() == self.owner.as_bytes() => {
+            Some(kv) if kv.value() == self.owner.as_str().as_bytes() => {
                 Ok(Some((checked_revision(kv.create_revision())?, false)))
             }
             stale => {
@@ -501,7 +516,7 @@ impl Job {
                 .await
                 .map_err(|e| e.into_core("lock wait"))?;
             let ours = first_kv(&resp, 1);
-            if ours.is_none_or(|kv| kv.value() != self.owner.as_bytes()) {
+            if ours.is_none_or(|kv| kv.value() != self.owner.as_str().as_bytes()) {
                 return Err(Error::new(
                     ErrorKind::Unavailable,
                     NAME,
@@ -573,84 +588,6 @@ impl Job {
             .and_then([TxnOp::delete(stale.key().to_vec(), None)]);
         if let Err(e) = self.inner.txn("delete stale key", txn).await {
             tracing::warn!(error = %e, "leasehold.etcd: could not delete a stale waiter key");
-        }
-    }
-}
-
-/// The backend-private state of a grant.
-pub(crate) struct EtcdGrant {
-    pub(crate) inner: Arc<Inner>,
-    pub(crate) key: Vec<u8>,
-    pub(crate) owner: String,
-    pub(crate) session: Arc<Session>,
-    pub(crate) per_lock: bool,
-    /// Our in-process permit, freed once our key is deleted.
-    pub(crate) slot: Mutex<Option<LocalSlot>>,
-    pub(crate) done: AtomicBool,
-}
-
-impl EtcdGrant {
-    /// Deletes our key if it is still ours: `Ok(true)` if it was.
-    pub(crate) async fn release(&self) -> Result<bool, Error> {
-        if self.done.load(Ordering::Acquire) {
-            return Ok(false);
-        }
-        match self.inner.delete_if_owner(&self.key, &self.owner).await {
-            Ok(ours) => {
-                self.finish();
-                Ok(ours)
-            }
-            // Our key lives on the session lease: once that is gone, so is the key.
-            Err(_) if self.session.is_lost() => {
-                self.finish();
-                Ok(false)
-            }
-            Err(e) => Err(e.into_core("release")),
-        }
-    }
-
-    /// Our key is deleted (or gone with its lease): ends a per-lock lease and frees the
-    /// in-process permit, once.
-    pub(crate) fn finish(&self) {
-        if !self.done.swap(true, Ordering::AcqRel) {
-            if self.per_lock {
-                self.session.close();
-            }
-            drop(self.take_slot());
-        }
-    }
-
-    pub(crate) fn take_slot(&self) -> Option<LocalSlot> {
-        self.slot
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take()
-    }
-}
-
-impl Drop for EtcdGrant {
-    fn drop(&mut self) {
-        if self.done.swap(true, Ordering::AcqRel) {
-            return;
-        }
-        // Never released (the grant was dropped before anyone took it, or release failed):
-        // delete our key in the background, then free the permit.
-        if self.per_lock {
-            self.session.close();
-            return;
-        }
-        let slot = self.take_slot();
-        let (inner, key, owner, session) = (
-            Arc::clone(&self.inner),
-            std::mem::take(&mut self.key),
-            std::mem::take(&mut self.owner),
-            Arc::clone(&self.session),
-        );
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            drop(rt.spawn(async move {
-                finish(&inner, &key, &owner, &session).await;
-                drop(slot);
-            }));
         }
     }
 }

@@ -133,6 +133,12 @@
 //! request's, rounded up to whole seconds), revoked on release: independent expiry, two more
 //! writes per lock (grant and revoke).
 //!
+//! While it is merely held, a lock costs this process no task, stream or timer of its own: its
+//! state is its key (stored once, shared by the grant and the in-process table), its
+//! in-process permit and one word in its session lease's list of grants; the session's one
+//! keep-alive stream renews them all (`leasehold-bench perf --groups fleet` measures the
+//! resident memory per lease).
+//!
 //! The session lease costs one write per lock; a lease per lock adds a grant and a revoke
 //! (`cargo run --release -p leasehold-bench -- perf` measures both against etcd's raw Lock
 //! and Unlock RPCs).

@@ -61,8 +61,29 @@ pub(crate) struct Session {
 struct State {
     /// The instant before the last acknowledged keep-alive (or the grant) was sent.
     last_ack: Instant,
-    /// The grants on this lease, each with the longest validity it may report.
-    monitors: Vec<(LeaseMonitor, Duration)>,
+    /// The grants on this lease, grouped by the longest validity each may report (grants of
+    /// one TTL share a group: one word per grant, however many a lease carries).
+    monitors: Vec<(Duration, Vec<LeaseMonitor>)>,
+}
+
+impl State {
+    /// Adds `monitor` to the group of `cap`. Monitors of leases released or lost meanwhile
+    /// are dropped when a group is full (each acknowledgement drops them too), so that a group
+    /// grows only with the grants it still carries, at amortised constant cost per grant.
+    fn add(&mut self, monitor: LeaseMonitor, cap: Duration) {
+        let group = match self.monitors.iter().position(|(c, _)| *c == cap) {
+            Some(i) => &mut self.monitors[i].1,
+            None => {
+                self.monitors.push((cap, Vec::new()));
+                let last = self.monitors.len() - 1;
+                &mut self.monitors[last].1
+            }
+        };
+        if group.len() == group.capacity() {
+            group.retain(|m| !m.is_closed());
+        }
+        group.push(monitor);
+    }
 }
 
 impl std::fmt::Debug for Session {
@@ -191,8 +212,7 @@ impl Session {
             monitor.lost(reason);
             return;
         }
-        state.monitors.retain(|(m, _)| !m.is_closed());
-        state.monitors.push((monitor, cap));
+        state.add(monitor, cap);
         drop(state);
         self.replan.notify_one();
     }
@@ -213,7 +233,7 @@ impl Session {
         }
         tracing::warn!(lease = %format_args!("{:x}", self.id), %reason, "leasehold.lost: etcd lease");
         let monitors = std::mem::take(&mut self.state().monitors);
-        for (m, _) in monitors {
+        for m in monitors.into_iter().flat_map(|(_, group)| group) {
             m.lost(Arc::clone(&reason));
         }
         true
@@ -241,9 +261,11 @@ impl Session {
             return;
         }
         state.last_ack = sent;
-        state.monitors.retain(|(m, cap)| {
+        state.monitors.retain_mut(|(cap, group)| {
+            let v = Validity::new(sent, ttl.min(*cap).min(self.ttl));
             // `renewed` returns false once the lease is gone or lost: stop watching it.
-            m.renewed(Validity::new(sent, ttl.min(*cap).min(self.ttl)))
+            group.retain(|m| m.renewed(v));
+            !group.is_empty()
         });
     }
 
@@ -253,7 +275,7 @@ impl Session {
         let shortest = state
             .monitors
             .iter()
-            .map(|(_, cap)| *cap)
+            .map(|(cap, _)| *cap)
             .fold(self.ttl, Duration::min);
         (shortest / 3).max(Duration::from_millis(100))
     }
@@ -416,6 +438,26 @@ mod tests {
         assert_eq!(lease_secs(ms(3_000)), 3);
         assert_eq!(lease_secs(ms(3_001)), 4);
         assert_eq!(lease_secs(Duration::MAX), 86_400);
+    }
+
+    #[test]
+    fn grants_are_grouped_by_cap_and_gone_ones_pruned_as_a_group_fills() {
+        let mut state = State {
+            last_ack: Instant::now(),
+            monitors: Vec::new(),
+        };
+        let (short, long) = (Duration::from_secs(1), Duration::from_secs(3));
+        // Monitors of no live lease (as of leases released meanwhile): the group never grows
+        // past the first few, however many come.
+        for _ in 0..1_000 {
+            state.add(LeaseMonitor::detached(), long);
+        }
+        state.add(LeaseMonitor::detached(), short);
+        assert_eq!(state.monitors.len(), 2, "one group per cap");
+        let (cap, group) = &state.monitors[0];
+        assert_eq!(*cap, long);
+        assert!(group.len() <= 8, "gone monitors kept: {}", group.len());
+        assert_eq!(state.monitors[1].1.len(), 1);
     }
 
     #[test]
