@@ -108,6 +108,13 @@ const MAX_PREFIX: usize = 256;
 /// verification makes connecting fail with [`ErrorKind::Unavailable`](leasehold_core::ErrorKind::Unavailable) (the TLS error is in
 /// the message). Unix sockets never use TLS (as in libpq).
 ///
+/// **What TLS costs a lock cycle.** Every statement of an encrypted session is a TLS record
+/// each way, encrypted and decrypted on both sides: on a fast network (loopback) that is a
+/// visible part of an uncontended acquire + release, which is two statements. The default
+/// `prefer` pays it whenever the server has `ssl=on`. Where the path to the server needs no
+/// encryption (a unix socket, which never uses TLS, or loopback), `sslmode=disable` avoids
+/// it; `pg_stat_ssl` tells which sessions are encrypted.
+///
 /// **A password in clear.** When a session is about to send a password without TLS
 /// (`disable`, `allow`, or `prefer` that fell back) to a host that is not loopback
 /// ([`leasehold_core::transport::is_loopback_host`]: an IP outside `127.0.0.0/8` and `::1`, or
