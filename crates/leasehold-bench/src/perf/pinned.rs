@@ -2,7 +2,10 @@
 //! try-acquire + release cycle (with its fencing token) against the raw prepared
 //! `pg_try_advisory_lock` + `pg_advisory_unlock` cycle on one connection (with and without the
 //! token, and on a second connection as a control), our driver without `Locker`, and with
-//! `--features peers` sqlx's `PgAdvisoryLock` and distributed-lock-postgres. The bench and the
+//! `--features peers` sqlx's `PgAdvisoryLock` and distributed-lock-postgres. The raw
+//! connections are plaintext, so ours are compared with `sslmode=disable`; one more row is ours
+//! with the default `sslmode=prefer`, which takes TLS where the server offers it (over TCP; a
+//! unix socket never uses TLS), against ours in plaintext: what TLS costs a cycle. The bench and the
 //! server are pinned to different CPUs ([`Placement`]) and every figure is the median of
 //! `--repeats` measurements, each on new connections.
 
@@ -34,8 +37,11 @@ const RAW_APP: &str = "leasehold-bench-raw";
 /// The cycles measured, in the order they run in each round.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Cycle {
-    /// `Locker::try_acquire` + `Lease::release` on [`PostgresBackend`] (token included).
+    /// `Locker::try_acquire` + `Lease::release` on [`PostgresBackend`] (token included),
+    /// `sslmode=disable` as the raw connections.
     Ours,
+    /// [`Cycle::Ours`] with the default `sslmode=prefer`: TLS where the server offers it.
+    OursTls,
     /// Prepared `SELECT pg_try_advisory_lock($1)` + `SELECT pg_advisory_unlock($1)`.
     Raw,
     /// The raw cycle with our one-statement token: `CASE WHEN pg_try_advisory_lock($1) THEN
@@ -57,8 +63,9 @@ enum Cycle {
 }
 
 #[cfg(feature = "peers")]
-const CYCLES: [Cycle; 7] = [
+const CYCLES: [Cycle; 8] = [
     Cycle::Ours,
+    Cycle::OursTls,
     Cycle::Raw,
     Cycle::RawToken,
     Cycle::RawTokenB,
@@ -67,8 +74,9 @@ const CYCLES: [Cycle; 7] = [
     Cycle::DlPostgres,
 ];
 #[cfg(not(feature = "peers"))]
-const CYCLES: [Cycle; 5] = [
+const CYCLES: [Cycle; 6] = [
     Cycle::Ours,
+    Cycle::OursTls,
     Cycle::Raw,
     Cycle::RawToken,
     Cycle::RawTokenB,
@@ -83,7 +91,7 @@ fn at(c: Cycle) -> usize {
 impl Cycle {
     fn kind(self) -> &'static str {
         match self {
-            Self::Ours | Self::Driver => "ours",
+            Self::Ours | Self::OursTls | Self::Driver => "ours",
             Self::Raw | Self::RawToken | Self::RawTokenB => "raw",
             #[cfg(feature = "peers")]
             Self::Sqlx | Self::DlPostgres => "peer",
@@ -92,7 +100,14 @@ impl Cycle {
 
     fn label(self) -> &'static str {
         match self {
-            Self::Ours => "leasehold PostgresBackend try_acquire + release (with fencing token)",
+            Self::Ours => {
+                "leasehold PostgresBackend try_acquire + release (with fencing token; \
+                 sslmode=disable, as the raw connections)"
+            }
+            Self::OursTls => {
+                "leasehold PostgresBackend try_acquire + release, default sslmode=prefer (TLS \
+                 where offered)"
+            }
             Self::Raw => "raw prepared pg_try_advisory_lock + pg_advisory_unlock, one connection",
             Self::RawToken => "raw prepared try-lock-with-nextval + unlock, one connection",
             Self::RawTokenB => {
@@ -112,6 +127,8 @@ impl Cycle {
 /// Everything one transport's cycles need.
 struct Fixture {
     ours: Locker,
+    /// As `ours`, on a backend with the default `sslmode=prefer`.
+    ours_tls: Locker,
     /// The same backend as `ours`, called without the `Locker`.
     driver: PostgresBackend,
     /// A long-lived owner value for the driver's requests (the `Locker` draws one per
@@ -135,10 +152,13 @@ impl Fixture {
     async fn new(conninfo: &str) -> Result<Self, BoxError> {
         let prefix = format!("{}/", services::unique_prefix("bench-pg"));
         let cfg = PostgresConfig::from_url(conninfo)?.with_prefix(prefix.clone())?;
-        let backend = PostgresBackend::connect(cfg).await?;
+        let options = LockOptions::default().with_ttl(TTL);
+        let ours_tls = Locker::new(PostgresBackend::connect(cfg.clone()).await?)
+            .with_options(options.clone())?;
+        let backend = PostgresBackend::connect(cfg.with_tls("disable", None)?).await?;
         let seq = backend.config().fence_sequence_sql();
         let driver = backend.clone();
-        let ours = Locker::new(backend).with_options(LockOptions::default().with_ttl(TTL))?;
+        let ours = Locker::new(backend).with_options(options)?;
 
         let raw = RawPg::connect_with_token(conninfo, RAW_APP, prefix.clone(), Some(&seq)).await?;
         let raw_b =
@@ -154,6 +174,7 @@ impl Fixture {
         .await?;
         Ok(Self {
             ours,
+            ours_tls,
             driver,
             owner: Owner::random()?,
             key: LockKey::new("cycle")?,
@@ -171,16 +192,8 @@ impl Fixture {
 
     async fn cycle(&mut self, which: Cycle) -> Result<(), BoxError> {
         match which {
-            Cycle::Ours => {
-                let lease = self
-                    .ours
-                    .try_acquire(&self.key)
-                    .await?
-                    .ok_or("ours: an uncontended key was not granted")?;
-                if !lease.release().await? {
-                    return Err("ours: release reported the lock not held".into());
-                }
-            }
+            Cycle::Ours => locker_cycle(&self.ours, &self.key).await?,
+            Cycle::OursTls => locker_cycle(&self.ours_tls, &self.key).await?,
             Cycle::Driver => {
                 let monitor = LeaseMonitor::detached();
                 let ttl = TTL;
@@ -217,11 +230,28 @@ impl Fixture {
     }
 }
 
+/// One `try_acquire` + `release` of `key` on `locker`.
+async fn locker_cycle(locker: &Locker, key: &LockKey) -> Result<(), BoxError> {
+    let lease = locker
+        .try_acquire(key)
+        .await?
+        .ok_or("ours: an uncontended key was not granted")?;
+    if !lease.release().await? {
+        return Err("ours: release reported the lock not held".into());
+    }
+    Ok(())
+}
+
 /// The ratios the pinned table gives, as `(numerator, denominator, what)`.
 fn ratios() -> Vec<(Cycle, Cycle, &'static str)> {
     #[cfg_attr(not(feature = "peers"), allow(unused_mut))]
     let mut v = vec![
         (Cycle::Ours, Cycle::Raw, "ours / raw try + unlock"),
+        (
+            Cycle::OursTls,
+            Cycle::Ours,
+            "ours, default sslmode / ours in plaintext",
+        ),
         (Cycle::RawToken, Cycle::Raw, "raw with token / raw"),
         (
             Cycle::RawTokenB,
