@@ -198,14 +198,19 @@
 //! - Success needs a majority (`N / 2 + 1`) **and** validity left: `ttl − elapsed − drift`, with
 //!   elapsed measured on the monotonic clock from before the first request. The answer comes as
 //!   soon as the outcome is decided, not after the slowest node.
-//! - On failure, every node gets a compare-and-delete, including those that timed out; a request
-//!   still in flight gets its release when it completes. Node requests run in spawned tasks, so
-//!   a dropped acquire future still gives back what it took.
+//! - On failure, every node that did not answer "held" gets a compare-and-delete, in a spawned
+//!   task, including those that timed out or have not answered yet: their requests are dropped
+//!   first, so one already sent runs on its node before the give-back (same connection, in
+//!   order) and one not sent never goes. A dropped acquire future gives back the same way. The
+//!   node requests themselves run in the caller's future: a round that keeps its grant spawns
+//!   nothing.
 //! - Extend re-arms, on every node, the key that still holds our owner value (compare and
 //!   `PEXPIRE`), and never sets a missing key again: an extend still in flight when the lease
 //!   is released (both go to every node, in any order) cannot bring the lock back. A node that
 //!   restarted empty stays without our key, and the extend needs a majority of the others.
-//! - A release or an extend that has no majority yet when the per-node timeouts expire, while
+//! - A release waits for each node up to a tenth of its 10 s bound (at least the per-node
+//!   timeout); a request still unanswered then, or at the decision, goes on in a spawned task.
+//! - An extend that has no majority yet when the per-node timeouts expire, while
 //!   the nodes that timed out could still make one, waits up to 1 s for their late answers
 //!   (their requests go on in the background): a grant held on a bare majority, one of whose
 //!   nodes is slow, is not reported as "not ours" (or lost) because of that node alone.
@@ -225,8 +230,8 @@
 //! # Cancellation and drop
 //!
 //! redis-rs does not send a request whose future is dropped before it goes out, so nothing that
-//! must happen is left to a future the caller can drop: Redlock's node requests and
-//! give-backs run in spawned tasks; `Lease` drops release in a spawned task (see
+//! must happen is left to a future the caller can drop: Redlock's give-backs, and its release
+//! requests still unanswered when the caller has its answer, run in spawned tasks; `Lease` drops release in a spawned task (see
 //! `leasehold_core::Lease`); an acquire dropped mid-flight is cleaned up by owner value.
 //!
 //! Connection trouble, timeouts and the server's "not now" answers (`BUSY`, `LOADING`,
