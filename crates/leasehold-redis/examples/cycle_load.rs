@@ -112,12 +112,7 @@ async fn main() {
     let urls: Vec<String> = if which == "redis" {
         vec![lookup(Service::Redis).unwrap().url().to_owned()]
     } else {
-        lookup(Service::Redlock)
-            .unwrap()
-            .urls()
-            .iter()
-            .cloned()
-            .collect()
+        lookup(Service::Redlock).unwrap().urls().to_vec()
     };
     let locker: Arc<Locker> = Arc::new(if which == "redis" {
         let cfg = RedisConfig::from_url(&urls[0])
