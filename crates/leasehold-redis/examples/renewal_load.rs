@@ -22,23 +22,16 @@ use leasehold_core::{Lease, Renewal};
 use leasehold_redis::{RedisBackend, RedisConfig};
 use leasehold_test_support::harness;
 use leasehold_test_support::services::{Service, lookup};
-use nix::sys::resource::{UsageWho, getrusage};
 
 #[path = "../tests/common/commandstats.rs"]
 mod commandstats;
 
+#[path = "shared/rusage.rs"]
+mod rusage;
+use rusage::cpu;
+
 const TTL: Duration = Duration::from_secs(3);
 const HOLD: Duration = Duration::from_secs(10);
-
-/// User + system CPU time of this process so far.
-fn cpu() -> Duration {
-    let u = getrusage(UsageWho::RUSAGE_SELF).unwrap();
-    let tv = |t: nix::sys::time::TimeVal| {
-        Duration::from_secs(u64::try_from(t.tv_sec()).unwrap_or(0))
-            + Duration::from_micros(u64::try_from(t.tv_usec()).unwrap_or(0))
-    };
-    tv(u.user_time()) + tv(u.system_time())
-}
 
 #[tokio::main]
 async fn main() {

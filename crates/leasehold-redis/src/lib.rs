@@ -198,20 +198,24 @@
 //! - Success needs a majority (`N / 2 + 1`) **and** validity left: `ttl − elapsed − drift`, with
 //!   elapsed measured on the monotonic clock from before the first request. The answer comes as
 //!   soon as the outcome is decided, not after the slowest node.
-//! - On failure, every node gets a compare-and-delete, including those that timed out; a request
-//!   still in flight gets its release when it completes. Node requests run in spawned tasks, so
-//!   a dropped acquire future still gives back what it took.
+//! - On failure, every node that did not answer "held" gets a compare-and-delete, in a spawned
+//!   task, including those that timed out or have not answered yet: their requests are dropped
+//!   first, so one already sent runs on its node before the give-back (same connection, in
+//!   order) and one not sent never goes. A dropped acquire future gives back the same way. The
+//!   node requests themselves run in the caller's future: a round that keeps its grant spawns
+//!   nothing.
 //! - Extend re-arms, on every node, the key that still holds our owner value (compare and
 //!   `PEXPIRE`), and never sets a missing key again: an extend still in flight when the lease
 //!   is released (both go to every node, in any order) cannot bring the lock back. A node that
 //!   restarted empty stays without our key, and the extend needs a majority of the others.
-//! - A grant held on a bare majority, one of whose nodes is slow, is not reported as "not ours"
-//!   (or lost) because of that node alone. A release waits for each node up to the longer of
-//!   the per-node timeout and 1 s (releases come in bursts that queue on a node's connection;
-//!   waiting costs them only time), renewal batches up to the longer of it and `ttl / 10`; an
-//!   extend that has no majority yet when its per-node timeouts expire, while the nodes that
+//! - A release waits for each node up to the longer of the per-node timeout and 1 s (a tenth of
+//!   its 10 s bound: releases come in bursts that queue on a node's connection, and waiting
+//!   costs them only time); a request still unanswered then, or at the decision, goes on in a
+//!   spawned task. Renewal batches wait up to the longer of the per-node timeout and `ttl / 10`.
+//! - An extend that has no majority yet when its per-node timeouts expire, while the nodes that
 //!   timed out could still make one, waits up to 1 s more (never past its validity) for their
-//!   late answers (their requests go on in the background).
+//!   late answers (their requests go on in the background): a grant held on a bare majority,
+//!   one of whose nodes is slow, is not reported as lost because of that node alone.
 //! - A waiting acquire subscribes to the key's release channel on every node it can reach (RESP3
 //!   pushes on the node's shared connection), announces itself on each node that finds the key
 //!   held (the `:waiting` key, as on one server), and starts the next round on the first release
@@ -228,8 +232,8 @@
 //! # Cancellation and drop
 //!
 //! redis-rs does not send a request whose future is dropped before it goes out, so nothing that
-//! must happen is left to a future the caller can drop: Redlock's node requests and
-//! give-backs run in spawned tasks; `Lease` drops release in a spawned task (see
+//! must happen is left to a future the caller can drop: Redlock's give-backs, and its release
+//! requests still unanswered when the caller has its answer, run in spawned tasks; `Lease` drops release in a spawned task (see
 //! `leasehold_core::Lease`); an acquire dropped mid-flight is cleaned up by owner value.
 //!
 //! Connection trouble, timeouts and the server's "not now" answers (`BUSY`, `LOADING`,

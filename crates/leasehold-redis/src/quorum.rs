@@ -101,17 +101,23 @@ impl Tally {
         rx: &mut mpsc::UnboundedReceiver<(usize, Outcome)>,
     ) -> bool {
         while let Some((i, outcome)) = rx.recv().await {
-            if let Some(slot) = self.outcomes.get_mut(i) {
-                *slot = Some(outcome);
-            }
-            if self.yes() >= self.quorum {
-                return true;
-            }
-            if self.hopeless() {
-                break;
+            if let Some(decided) = self.record(i, outcome) {
+                return decided;
             }
         }
         false
+    }
+
+    /// Records node `i`'s outcome: `Some(true)` once a quorum said yes, `Some(false)` once it
+    /// no longer can, `None` while undecided.
+    pub(crate) fn record(&mut self, i: usize, outcome: Outcome) -> Option<bool> {
+        if let Some(slot) = self.outcomes.get_mut(i) {
+            *slot = Some(outcome);
+        }
+        if self.yes() >= self.quorum {
+            return Some(true);
+        }
+        self.hopeless().then_some(false)
     }
 
     /// After [`until_decided`](Self::until_decided) found no quorum: while the nodes that

@@ -5,16 +5,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use futures_util::StreamExt;
 use futures_util::future::join_all;
 use futures_util::stream::FuturesUnordered;
-use futures_util::{FutureExt as _, StreamExt};
 use leasehold_core::async_trait;
 use leasehold_core::{
     Backoff, Capabilities, Error, ErrorKind, ExtendRequest, FencingKind, Grant, Held, HolderInfo,
     LockBackend, LockKey, LockRequest, Owner, SafetyClass, Validity, WaitKind, Waited,
 };
 use redis::aio::ConnectionManagerConfig;
-use tokio::sync::{Notify, mpsc, watch};
+use tokio::sync::{Notify, mpsc};
 use tokio::time::Instant;
 
 use crate::config::{REDLOCK as NAME, RedlockConfig};
@@ -78,53 +78,110 @@ impl std::fmt::Debug for Inner {
     }
 }
 
-/// The backend-private state of a Redlock grant: per node, whether the acquire request of the
-/// round is finished (answered, failed, or timed out and dropped).
-///
-/// One allocation for every node, kept as long as the lease: a `watch` channel per node cost
-/// ~1.7 KiB per lease on five nodes.
-struct Round {
-    finished: Box<[AtomicBool]>,
+/// Per node, whether the give-back of a failed round is settled there (answered, failed, or
+/// timed out): the next round of the same owner value sends its request to a node only after
+/// it, or the give-back could delete what that round takes. One allocation for every node.
+struct Settled {
+    done: Box<[AtomicBool]>,
     changed: Notify,
 }
 
-impl Round {
+impl Settled {
     fn new(nodes: usize) -> Arc<Self> {
         Arc::new(Self {
-            finished: (0..nodes).map(|_| AtomicBool::new(false)).collect(),
+            done: (0..nodes).map(|_| AtomicBool::new(false)).collect(),
             changed: Notify::new(),
         })
     }
 
-    /// Waits until the acquire request to node `i` is finished.
-    async fn finished(&self, i: usize) {
+    /// Waits until node `i` is settled.
+    async fn settled(&self, i: usize) {
         loop {
             let changed = self.changed.notified();
             tokio::pin!(changed);
-            // Registered before the check: a `finish` after it wakes this one.
+            // Registered before the check: a `settle` after it wakes this one.
             changed.as_mut().enable();
-            if self
-                .finished
-                .get(i)
-                .is_none_or(|f| f.load(Ordering::Acquire))
-            {
+            if self.done.get(i).is_none_or(|f| f.load(Ordering::Acquire)) {
                 return;
             }
             changed.await;
         }
     }
-}
 
-/// Marks node `i`'s request of a round finished when dropped: after its answer, or with its
-/// future if that is dropped first.
-struct Finish(Arc<Round>, usize);
-
-impl Drop for Finish {
-    fn drop(&mut self) {
-        if let Some(f) = self.0.finished.get(self.1) {
+    fn settle(&self, i: usize) {
+        if let Some(f) = self.done.get(i) {
             f.store(true, Ordering::Release);
         }
-        self.0.changed.notify_waiters();
+        self.changed.notify_waiters();
+    }
+}
+
+/// Marks node `i` settled when dropped: after its give-back, or with the give-back's future
+/// if that is dropped first.
+struct Settle(Arc<Settled>, usize);
+
+impl Drop for Settle {
+    fn drop(&mut self) {
+        self.0.settle(self.1);
+    }
+}
+
+/// What a round that did not keep its grant must give back: every node that did not say "held
+/// by another owner" (a node that granted, failed, timed out or has not answered yet may hold
+/// our key, or get it from a request still on its way). Armed until the round keeps a grant;
+/// dropped armed (a failed round, or the caller's future dropped mid-round), it gives back in a
+/// task.
+///
+/// The round's requests are dropped before the give-back is sent: a request already written to
+/// its node's connection still runs there, and before the give-back, which goes after it on the
+/// same connection; one not written yet is never sent.
+struct GiveBack<'a> {
+    inner: &'a Arc<Inner>,
+    names: &'a Names,
+    owner: &'a Owner,
+    bound: Duration,
+    /// Per node, whether it may hold our key.
+    may_hold: Vec<bool>,
+    armed: bool,
+}
+
+impl GiveBack<'_> {
+    /// Gives back where needed, in a task; per node, when that is settled (`None`: nothing to
+    /// give back anywhere).
+    fn send(&mut self) -> Option<Arc<Settled>> {
+        if !std::mem::take(&mut self.armed) || !self.may_hold.contains(&true) {
+            return None;
+        }
+        let settled = Settled::new(self.may_hold.len());
+        let rt = tokio::runtime::Handle::try_current().ok()?;
+        let (names, owner, bound) = (Arc::new(self.names.clone()), self.owner.clone(), self.bound);
+        let all: FuturesUnordered<_> = self
+            .inner
+            .nodes
+            .iter()
+            .zip(&self.may_hold)
+            .enumerate()
+            .filter_map(|(i, (node, may_hold))| {
+                if !may_hold {
+                    settled.settle(i);
+                    return None;
+                }
+                let done = Settle(Arc::clone(&settled), i);
+                let (node, names, owner) = (Arc::clone(node), Arc::clone(&names), owner.clone());
+                Some(async move {
+                    give_back(&node, &names, &owner, bound).await;
+                    drop(done);
+                })
+            })
+            .collect();
+        drop(rt.spawn(all.for_each(|()| std::future::ready(()))));
+        Some(settled)
+    }
+}
+
+impl Drop for GiveBack<'_> {
+    fn drop(&mut self) {
+        self.send();
     }
 }
 
@@ -285,114 +342,80 @@ impl RedlockBackend {
     /// One Redlock acquisition round; with `announce`, a waiter's: each node that finds the
     /// lock held records that someone waits (for that long), so its release publishes.
     ///
-    /// `after`: per node, when the previous round of the same owner value is settled there
-    /// (its give-back sent and answered, or not needed); this round's request to a node waits
-    /// for it (bounded like a give-back), or the give-back could delete what this round takes.
-    /// Returns the same signals for this round.
+    /// The requests run in the caller's future, in no task of their own: a round that keeps
+    /// its grant drops the requests still unanswered (those already sent still run on their
+    /// nodes, before the release that goes after them on the same connection; the others are
+    /// never sent), and any other round gives back in a task (see [`GiveBack`]). A task per
+    /// round cost more client CPU than the requests themselves, and capped how many cycles per
+    /// second many tasks sharing a backend could make.
+    ///
+    /// `after`: the give-back of the previous round of the same owner value; this round's
+    /// request to a node waits until it is settled there (bounded like a give-back), or the
+    /// give-back could delete what this round takes. Returns the same signal for this round.
     async fn acquire_round(
         &self,
         req: &LockRequest<'_>,
         announce: Option<Duration>,
-        after: &[watch::Receiver<bool>],
-    ) -> (Result<Option<Grant>, Error>, Vec<watch::Receiver<bool>>) {
+        after: Option<&Settled>,
+    ) -> (Result<Option<Grant>, Error>, Option<Arc<Settled>>) {
         let names = names(&self.inner.config.prefix, req.key);
-        let owner = req.owner.clone();
-        let ttl = req.ttl;
+        let (owner, ttl) = (req.owner, req.ttl);
         let per_node = self.node_timeout(ttl);
         let bound = Self::release_bound(ttl);
-        let n = self.inner.nodes.len();
-        let (tx, mut rx) = mpsc::unbounded_channel();
-        // The decision: Some(true) keep, Some(false) give back. A dropped sender (the caller's
-        // future was dropped) means give back.
-        let (decide, decision) = watch::channel(None::<bool>);
-        let round = Round::new(n);
-        let (settle, settled): (Vec<_>, Vec<_>) = (0..n).map(|_| watch::channel(false)).unzip();
-        let mut after: Vec<Option<watch::Receiver<bool>>> =
-            after.iter().cloned().map(Some).collect();
-        after.resize(n, None);
-        let (inner, nodes_round) = (Arc::clone(&self.inner), Arc::clone(&round));
-        // One task drives the requests to every node (and any give-back after them) to
-        // completion, whatever happens to this future.
-        tokio::spawn(async move {
-            let (names, owner, tx) = (&names, &owner, &tx);
-            let all: FuturesUnordered<_> = inner
-                .nodes
-                .iter()
-                .zip(settle.into_iter().zip(after))
-                .enumerate()
-                .map(|(i, (node, (settle, mut after)))| {
-                    let mut decision = decision.clone();
-                    let done = Finish(Arc::clone(&nodes_round), i);
-                    async move {
-                        // Before the per-node timer: a give-back still on its way must not
-                        // cost this round the node (bounded like the give-back itself).
-                        if let Some(prev) = after.as_mut() {
-                            let _ = tokio::time::timeout(bound, prev.wait_for(|s| *s)).await;
-                        }
-                        let take = async {
-                            match announce {
-                                Some(a) => node.take_or_wait(names, owner, ttl, None, a).await,
-                                None => node.take(names, owner, ttl, None).await,
-                            }
-                        };
-                        let r = tokio::time::timeout(per_node, take)
-                            .await
-                            .map(|r| r.map(|t| matches!(t, Taken::Granted(_))));
-                        // From here on no SET of this round can reach the node after a later
-                        // command on the same connection: a release waits for this before it
-                        // is sent.
-                        drop(done);
-                        let outcome = Outcome::from_result(r, per_node);
-                        let may_hold = !matches!(outcome, Outcome::No);
-                        drop(tx.send((i, outcome)));
-                        if !may_hold {
-                            return;
-                        }
-                        let keep = loop {
-                            if let Some(keep) = *decision.borrow_and_update() {
-                                break keep;
-                            }
-                            if decision.changed().await.is_err() {
-                                break decision.borrow().unwrap_or(false);
-                            }
-                        };
-                        if !keep {
-                            give_back(node, names, owner, bound).await;
-                        }
+        // Declared before the requests, so that a dropped round drops them first.
+        let mut give_back = GiveBack {
+            inner: &self.inner,
+            names: &names,
+            owner,
+            bound,
+            may_hold: vec![true; self.inner.nodes.len()],
+            armed: true,
+        };
+        let names = &names;
+        let mut all: FuturesUnordered<_> = self
+            .inner
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, node)| async move {
+                // Before the per-node timer: a give-back still on its way must not cost this
+                // round the node.
+                if let Some(prev) = after {
+                    let _ = tokio::time::timeout(bound, prev.settled(i)).await;
+                }
+                let take = async {
+                    match announce {
+                        Some(a) => node.take_or_wait(names, owner, ttl, None, a).await,
+                        None => node.take(names, owner, ttl, None).await,
                     }
-                    .then(move |()| {
-                        settle.send_replace(true);
-                        std::future::ready(())
-                    })
-                })
-                .collect();
-            drop(decision);
-            all.for_each(|()| std::future::ready(())).await;
-        });
+                };
+                let r = tokio::time::timeout(per_node, take)
+                    .await
+                    .map(|r| r.map(|t| matches!(t, Taken::Granted(_))));
+                (i, Outcome::from_result(r, per_node))
+            })
+            .collect();
         let mut tally = self.tally("acquire", "granted", "held by another owner");
-        let decided = tally.until_decided(&mut rx).await;
-        let result = self.decide(req, decided, tally, round, &decide);
-        (result, settled)
-    }
-
-    /// The outcome of a round, given whether a quorum said yes; tells the round's task to keep
-    /// or give back what it took.
-    fn decide(
-        &self,
-        req: &LockRequest<'_>,
-        quorum: bool,
-        tally: Tally,
-        round: Arc<Round>,
-        decide: &watch::Sender<Option<bool>>,
-    ) -> Result<Option<Grant>, Error> {
-        let ttl = req.ttl;
-        if quorum {
-            if self.validity_left(req.started, ttl).is_some() {
-                decide.send_replace(Some(true));
-                return Ok(Some(Grant::new(req.ttl_validity()).with_state(round)));
+        let mut quorum = false;
+        while let Some((i, outcome)) = all.next().await {
+            if matches!(outcome, Outcome::No)
+                && let Some(may_hold) = give_back.may_hold.get_mut(i)
+            {
+                *may_hold = false;
             }
-            decide.send_replace(Some(false));
-            return Err(Error::new(
+            if let Some(decided) = tally.record(i, outcome) {
+                quorum = decided;
+                break;
+            }
+        }
+        drop(all);
+        if quorum && self.validity_left(req.started, ttl).is_some() {
+            give_back.armed = false;
+            return (Ok(Some(Grant::new(req.ttl_validity()))), None);
+        }
+        let settled = give_back.send();
+        if quorum {
+            let e = Error::new(
                 ErrorKind::Timeout,
                 NAME,
                 format!(
@@ -400,10 +423,10 @@ impl RedlockBackend {
                      {ttl:?} lease",
                     req.started.elapsed()
                 ),
-            ));
+            );
+            return (Err(e), settled);
         }
-        decide.send_replace(Some(false));
-        tally.no_quorum(&self.inner.nodes, None)
+        (tally.no_quorum(&self.inner.nodes, None), settled)
     }
 }
 
@@ -427,7 +450,7 @@ impl LockBackend for RedlockBackend {
     }
 
     async fn try_lock(&self, req: LockRequest<'_>) -> Result<Option<Grant>, Error> {
-        self.acquire_round(&req, None, &[]).await.0
+        self.acquire_round(&req, None, None).await.0
     }
 
     /// Waits on the nodes' release messages: subscribed to the key's channel on every node it
@@ -440,7 +463,7 @@ impl LockBackend for RedlockBackend {
         // fleet scenario's 10,000 acquisitions: 0.4 s before the native wait, 1.1–1.5 s with
         // it). Only a lock found taken is waited for; the first attempt of the wait comes
         // after the subscriptions, so a release in between is not missed.
-        let (first, settled) = self.acquire_round(&req, None, &[]).await;
+        let (first, settled) = self.acquire_round(&req, None, None).await;
         if let Some(grant) = first? {
             return Ok(Waited::new(Some(grant), 1));
         }
@@ -471,8 +494,9 @@ impl LockBackend for RedlockBackend {
                     let after = std::mem::take(
                         &mut *previous.lock().unwrap_or_else(PoisonError::into_inner),
                     );
-                    let (result, settled) =
-                        self.acquire_round(&attempt, Some(ANNOUNCE), &after).await;
+                    let (result, settled) = self
+                        .acquire_round(&attempt, Some(ANNOUNCE), after.as_deref())
+                        .await;
                     *previous.lock().unwrap_or_else(PoisonError::into_inner) = settled;
                     result
                 }
@@ -484,31 +508,46 @@ impl LockBackend for RedlockBackend {
 
     async fn release(&self, held: Held<'_>) -> Result<bool, Error> {
         let names = Arc::new(names(&self.inner.config.prefix, held.key));
-        let owner = held.owner.clone();
         // Releases are not bounded by the acquisition TTL (unknown here): a generous bound.
         let bound = Duration::from_secs(10);
         let per_node = self.patient_timeout(bound);
-        let round = held.state::<Arc<Round>>();
-        let mut i = 0;
-        let mut rx = self.spawn_all(per_node, bound, |node| {
-            let (names, owner) = (Arc::clone(&names), owner.clone());
-            // The acquire request to this node may still be on its way (its task may not even
-            // have run yet): release only after it, or it would land on nothing and the SET
-            // would then leave a key until its TTL.
-            let (round, node_index) = (round.cloned(), i);
-            i += 1;
-            async move {
-                if let Some(round) = round {
-                    round.finished(node_index).await;
+        // In the caller's future until a quorum decides; a request that times out goes on in a
+        // task (bounded), and so do those still unanswered at the decision: dropped, one not
+        // yet written to its connection would never be sent, leaving the key until its TTL.
+        let mut all: FuturesUnordered<_> = self
+            .inner
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, node)| {
+                let (node, names, owner) =
+                    (Arc::clone(node), Arc::clone(&names), held.owner.clone());
+                async move {
+                    let mut request =
+                        Box::pin(async move { node.release(&names, &owner, None).await });
+                    match tokio::time::timeout(per_node, &mut request).await {
+                        Ok(r) => (i, Outcome::from_result(Ok(r), per_node)),
+                        Err(_) => {
+                            let rest = bound.saturating_sub(per_node);
+                            drop(tokio::spawn(tokio::time::timeout(rest, request)));
+                            (i, Outcome::TimedOut(per_node))
+                        }
+                    }
                 }
-                node.release(&names, &owner, None).await
-            }
-        });
-        // One wait for slow nodes: the patient per-node bound (at least 1 s). A late-answer
-        // window on top of it (as `extend` has, whose per-node bound is the short one) would
-        // let a release wait for a slow node twice.
+            })
+            .collect();
         let mut tally = self.tally("release", "released", "not ours");
-        if tally.until_decided(&mut rx).await {
+        let mut released = false;
+        while let Some((i, outcome)) = all.next().await {
+            if let Some(decided) = tally.record(i, outcome) {
+                released = decided;
+                break;
+            }
+        }
+        if !all.is_empty() {
+            drop(tokio::spawn(all.for_each(|_| std::future::ready(()))));
+        }
+        if released {
             return Ok(true);
         }
         tally.no_quorum(&self.inner.nodes, false)
