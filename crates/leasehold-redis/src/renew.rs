@@ -241,8 +241,9 @@ fn group_by_master(ranges: &[(u16, u16, String)], slots: &[u16]) -> Vec<Vec<usiz
             }
         };
         let m = u16::try_from(m).unwrap_or(u16::MAX);
-        for s in usize::from(*lo)..=usize::from(*hi).min(SLOTS - 1) {
-            master_of[s] = m;
+        let hi = usize::from(*hi).min(SLOTS - 1);
+        if let Some(served) = master_of.get_mut(usize::from(*lo)..=hi) {
+            served.fill(m);
         }
     }
     let mut groups: Vec<Vec<usize>> = masters.iter().map(|_| Vec::new()).collect();
