@@ -18,8 +18,12 @@
 //! A batch runs in a task of its own, so a batch stuck on a dead connection never delays the
 //! leases of the next one; the engine's task exits when no lease is left, and is started again
 //! by the next one. A released or dropped lease leaves the queue at once (its [`Ticket`] goes).
+//!
+//! The queue ([`queue`]) is a slab of entries and a due list of coarse buckets: queuing,
+//! taking and leaving cost a push or a swap-remove per lease, not tree and hash-table work.
 
-use std::collections::{BTreeSet, HashMap};
+mod queue;
+
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
@@ -38,6 +42,8 @@ use crate::loss::LossReason;
 use crate::metrics;
 use crate::policy::Renewal;
 use crate::signal::Shared;
+
+use self::queue::{Id, Queue};
 
 /// The most leases handed to the backend in one [`LockBackend::extend_many`] call; the backend
 /// splits them further as its protocol needs (the Redis backends send scripts of at most a few
@@ -73,7 +79,7 @@ impl fmt::Debug for Renewer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let queue = self.engine.lock();
         f.debug_struct("Renewer")
-            .field("leases", &queue.entries.len())
+            .field("leases", &queue.len())
             .field("running", &queue.task.is_some())
             .finish()
     }
@@ -85,26 +91,10 @@ struct Engine {
     wake: Notify,
 }
 
-#[derive(Default)]
-struct Queue {
-    next_id: u64,
-    entries: HashMap<u64, Entry>,
-    /// `(due, id)` of every entry not in flight.
-    due: BTreeSet<(Instant, u64)>,
-    task: Option<AbortHandle>,
-}
-
-struct Entry {
-    lease: Weak<dyn Renewable>,
-    interval: Duration,
-    /// `None` while a batch renews it.
-    due: Option<Instant>,
-}
-
 /// A lease's place in the engine's queue; dropping it takes the lease out.
 pub(crate) struct Ticket {
     engine: Arc<Engine>,
-    id: u64,
+    id: Id,
     /// How the lease is renewed, to re-plan its interval when it is extended to another TTL.
     pub(crate) policy: Renewal,
 }
@@ -112,12 +102,8 @@ pub(crate) struct Ticket {
 impl Drop for Ticket {
     fn drop(&mut self) {
         let mut q = self.engine.lock();
-        if let Some(entry) = q.entries.remove(&self.id)
-            && let Some(due) = entry.due
-        {
-            q.due.remove(&(due, self.id));
-        }
-        let empty = q.entries.is_empty();
+        q.remove(self.id);
+        let empty = q.len() == 0;
         drop(q);
         if empty {
             // Lets the engine's task see the queue empty and end.
@@ -131,20 +117,14 @@ impl Ticket {
     /// once by the new interval if that comes before the renewal already planned.
     pub(crate) fn rearm(&self, interval: Duration) {
         let mut q = self.engine.lock();
-        let Queue { entries, due, .. } = &mut *q;
-        let Some(entry) = entries.get_mut(&self.id) else {
-            return;
-        };
-        entry.interval = interval;
-        let Some(planned) = entry.due else {
-            // In a batch now: its answer is planned with the new interval.
+        q.set_interval(self.id, interval);
+        let Some(planned) = q.due(self.id) else {
+            // In a batch now (its answer is planned with the new interval), or gone.
             return;
         };
         let sooner = Instant::now() + interval;
         if sooner < planned {
-            due.remove(&(planned, self.id));
-            entry.due = Some(sooner);
-            due.insert((sooner, self.id));
+            q.schedule(self.id, sooner);
             drop(q);
             self.engine.wake.notify_one();
         }
@@ -173,18 +153,8 @@ impl Renewer {
         let rt = tokio::runtime::Handle::try_current().ok()?;
         let due = Instant::now() + interval;
         let mut q = self.engine.lock();
-        let id = q.next_id;
-        q.next_id += 1;
-        let first = q.due.first().is_none_or(|&(d, _)| due < d);
-        q.entries.insert(
-            id,
-            Entry {
-                lease,
-                interval,
-                due: Some(due),
-            },
-        );
-        q.due.insert((due, id));
+        let first = q.may_be_first(due);
+        let id = q.insert(lease, interval, due);
         if q.task.as_ref().is_none_or(AbortHandle::is_finished) {
             let engine = Arc::clone(&self.engine);
             q.task = Some(rt.spawn(engine.run()).abort_handle());
@@ -203,7 +173,7 @@ impl Renewer {
 /// One lease in a batch, with what the batch reads of it, read once when it was taken (each
 /// pass over thousands of leases costs a cache miss per lease).
 struct Member {
-    id: u64,
+    id: Id,
     lease: Arc<dyn Renewable>,
     interval: Duration,
     ttl: Duration,
@@ -227,11 +197,11 @@ impl Engine {
         loop {
             let wait = {
                 let mut q = self.lock();
-                if q.entries.is_empty() {
+                if q.len() == 0 {
                     q.task = None;
                     return;
                 }
-                match q.due.first().copied() {
+                match q.first() {
                     None => None,
                     Some((first, _)) if first > Instant::now() => Some(first),
                     Some(_) => {
@@ -302,25 +272,26 @@ impl Engine {
             elapsed_ms = started.elapsed().as_secs_f64() * 1e3,
             "leasehold.renew_batch"
         );
-        let next: Vec<Next> = batch
-            .iter()
-            .zip(outcomes)
-            .map(|(m, outcome)| settle(m, outcome, started, name))
-            .collect();
+        let next: Vec<Next> = {
+            let mut rng = rand::rng();
+            batch
+                .iter()
+                .zip(outcomes)
+                .map(|(m, outcome)| settle(m, outcome, started, name, &mut rng))
+                .collect()
+        };
         let mut q = self.lock();
         for (m, next) in batch.iter().zip(next) {
             match next {
                 Next::At(at) => {
-                    if let Some(entry) = q.entries.get_mut(&m.id) {
+                    if let Some(interval) = q.get(m.id).map(|s| s.interval) {
                         // A lease re-armed with a shorter interval while this batch ran
                         // (`Ticket::rearm`) is due by its new interval.
-                        let at = at.min(started + entry.interval);
-                        entry.due = Some(at);
-                        q.due.insert((at, m.id));
+                        q.schedule(m.id, at.min(started + interval));
                     }
                 }
                 Next::Done => {
-                    q.entries.remove(&m.id);
+                    q.remove(m.id);
                 }
             }
         }
@@ -334,46 +305,39 @@ impl Engine {
 /// Takes every lease due within the window after the first one (at most [`MAX_BATCH`]), out of
 /// the queue and into a batch. Leases already dropped leave the queue.
 fn take_batch(q: &mut Queue) -> Vec<Member> {
-    let Some(&(first, first_id)) = q.due.first() else {
+    let Some((first, first_id)) = q.first() else {
         return Vec::new();
     };
-    let window = q
-        .entries
-        .get(&first_id)
-        .map_or(Duration::ZERO, |e| e.interval / 8);
+    let window = q.get(first_id).map_or(Duration::ZERO, |e| e.interval / 8);
     let now = Instant::now();
     let horizon = first.max(now) + window;
-    let mut batch = Vec::new();
-    while batch.len() < MAX_BATCH {
-        let Some(&(due, id)) = q.due.first() else {
-            break;
-        };
-        if due > horizon {
-            break;
-        }
-        q.due.remove(&(due, id));
-        let Some(entry) = q.entries.get_mut(&id) else {
+    let ids = q.take_due(horizon, MAX_BATCH);
+    let mut batch = Vec::with_capacity(ids.len());
+    for id in ids {
+        let Some(entry) = q.get(id) else {
             continue;
         };
-        let taken = entry.lease.upgrade().and_then(|lease| {
-            let (loss, valid_until) = lease.status().loss_at(now);
-            loss.is_none().then_some((lease, valid_until))
-        });
+        let interval = entry.interval;
+        let taken = entry
+            .lease
+            .as_ref()
+            .and_then(Weak::upgrade)
+            .and_then(|lease| {
+                let (loss, valid_until) = lease.status().loss_at(now);
+                loss.is_none().then_some((lease, valid_until))
+            });
         match taken {
-            Some((lease, valid_until)) => {
-                entry.due = None;
-                batch.push(Member {
-                    id,
-                    ttl: lease.ttl(),
-                    lease,
-                    interval: entry.interval,
-                    valid_until,
-                });
-            }
+            Some((lease, valid_until)) => batch.push(Member {
+                id,
+                ttl: lease.ttl(),
+                lease,
+                interval,
+                valid_until,
+            }),
             // Gone or lost: nothing left to renew. (An `Arc` dropped here is not the last one:
             // the lease's own handle holds another while its ticket exists.)
             None => {
-                q.entries.remove(&id);
+                q.remove(id);
             }
         }
     }
@@ -411,7 +375,13 @@ fn batch_error(
 }
 
 /// Applies one lease's outcome: its next renewal, or the end of its renewals.
-fn settle(m: &Member, outcome: Extended, started: Instant, backend: &'static str) -> Next {
+fn settle(
+    m: &Member,
+    outcome: Extended,
+    started: Instant,
+    backend: &'static str,
+    rng: &mut rand::rngs::ThreadRng,
+) -> Next {
     let lease = &m.lease;
     let status = lease.status();
     match outcome {
@@ -425,7 +395,7 @@ fn settle(m: &Member, outcome: Extended, started: Instant, backend: &'static str
                 return Next::Done;
             }
             tracing::trace!(key = %lease.key(), backend, "leasehold.renew");
-            let jitter = m.interval.mul_f64(rand::rng().random_range(0.0..0.1));
+            let jitter = m.interval.mul_f64(rng.random_range(0.0..0.1));
             Next::At(started + m.interval - jitter)
         }
         Ok(None) => {
@@ -506,7 +476,7 @@ mod tests {
 
     fn queued(locker: &Locker) -> (usize, Vec<Instant>) {
         let q = locker.renewer.engine.lock();
-        (q.entries.len(), q.due.iter().map(|&(d, _)| d).collect())
+        (q.len(), q.dues())
     }
 
     /// Leases taken together renew together, then come due at jittered instants (never later
@@ -536,7 +506,7 @@ mod tests {
         tokio::time::sleep(interval + Duration::from_millis(10)).await;
         let (n, due) = queued(&locker);
         assert_eq!(n, 100, "every lease still queued");
-        let distinct: BTreeSet<_> = due.iter().collect();
+        let distinct: std::collections::BTreeSet<_> = due.iter().collect();
         assert!(
             distinct.len() > 90,
             "jitter spread the next renewals: {distinct:?}"

@@ -47,12 +47,9 @@ const EMPTY_TAG: &str = "~{~}";
 
 impl Names {
     pub(crate) fn new(prefix: &str, key: &LockKey) -> Self {
-        let key = key.as_str();
-        let mut lock = String::with_capacity(prefix.len() + key.len() + EMPTY_TAG.len() + 1);
-        lock.push_str(prefix);
-        lock.push_str(if key.starts_with('}') { EMPTY_TAG } else { "{" });
-        lock.push_str(key);
-        lock.push('}');
+        let mut lock =
+            String::with_capacity(prefix.len() + key.as_str().len() + EMPTY_TAG.len() + 1);
+        write_lock(&mut lock, prefix, key);
         Self { lock }
     }
 
@@ -130,6 +127,56 @@ impl Names {
     }
 }
 
+/// Appends the lock name of `key` under `prefix` to `out`.
+fn write_lock(out: &mut String, prefix: &str, key: &LockKey) {
+    let key = key.as_str();
+    out.push_str(prefix);
+    out.push_str(if key.starts_with('}') { EMPTY_TAG } else { "{" });
+    out.push_str(key);
+    out.push('}');
+}
+
+/// The lock names of many keys (a renewal batch's) in one buffer: one allocation for the
+/// batch, not one per lease.
+#[derive(Debug, Default)]
+pub(crate) struct NameList {
+    text: String,
+    ends: Vec<usize>,
+}
+
+impl NameList {
+    /// The lock names of `keys` under `prefix`, or with `election` their elections' names.
+    pub(crate) fn new<'a>(
+        prefix: &str,
+        keys: impl ExactSizeIterator<Item = &'a LockKey>,
+        election: bool,
+    ) -> Self {
+        let mut list = Self {
+            text: String::with_capacity(keys.len() * (prefix.len() + 24)),
+            ends: Vec::with_capacity(keys.len()),
+        };
+        for key in keys {
+            write_lock(&mut list.text, prefix, key);
+            if election {
+                list.text.push_str(ELECT);
+            }
+            list.ends.push(list.text.len());
+        }
+        list
+    }
+
+    /// The name of the `i`-th key.
+    pub(crate) fn get(&self, i: usize) -> &str {
+        let start = if i == 0 { 0 } else { self.ends[i - 1] };
+        &self.text[start..self.ends[i]]
+    }
+
+    /// How many names it holds.
+    pub(crate) fn len(&self) -> usize {
+        self.ends.len()
+    }
+}
+
 /// A name derived from a lock name (`<lock><suffix>`), written into a command without an
 /// intermediate `String`.
 #[derive(Debug, Clone, Copy)]
@@ -193,6 +240,20 @@ mod tests {
             ]
         );
         assert!(check_prefix("redis", "a{b".to_owned()).is_err());
+        // A batch's list holds the same names.
+        let keys = ["jobs/nightly", "}a", "a}b", "x"].map(|k| LockKey::new(k).unwrap());
+        for election in [false, true] {
+            let list = NameList::new("leasehold:", keys.iter(), election);
+            assert_eq!(list.len(), keys.len());
+            for (i, key) in keys.iter().enumerate() {
+                let one = if election {
+                    Names::election("leasehold:", key)
+                } else {
+                    Names::new("leasehold:", key)
+                };
+                assert_eq!(list.get(i), one.lock());
+            }
+        }
         Ok(())
     }
 

@@ -178,8 +178,9 @@
 //!
 //! The `Locker`'s renewal engine hands the backend every lease due within a window; the
 //! backend re-arms them with one compare-and-`PEXPIRE` script over up to 250 keys per call
-//! (each key with its own owner and TTL, each with its own answer), the calls sent together on
-//! the shared connection. 10,000 leases with a 3 s TTL cost about 50 script calls per renewal
+//! (each key with its own owner and its own answer, the keys of one call sharing a TTL; each
+//! call encoded once, and sent as is to every Redlock node), the calls sent together on the
+//! shared connection. 10,000 leases with a 3 s TTL cost about 50 script calls per renewal
 //! period instead of 10,000. A key whose owner no longer matches makes only its lease lost; a
 //! call that fails or times out leaves each of its leases to be retried before its own
 //! deadline. On a Redis Cluster the leases are grouped by the master of their slot (`CLUSTER
@@ -319,7 +320,9 @@ pub mod fuzzing {
         let token = redis::from_redis_value_ref::<Option<u64>>(&v);
         let _ = token.map(|t| t.map(FencingToken::new));
         let _ = redis::from_redis_value_ref::<i64>(&v).map(|n| n == 1);
-        let _ = redis::from_redis_value_ref::<Vec<i64>>(&v);
+        if let Ok(extended) = redis::from_redis_value_ref::<Vec<u8>>(&v) {
+            let _ = crate::node::extend_answers(&extended, extended.len());
+        }
         // The pipelined `SET NX` + `INCR` of a fenced acquire.
         let _ = redis::from_redis_value_ref::<(Option<Value>, u64)>(&v);
         let inspect = redis::from_redis_value_ref::<(Option<String>, i64, Option<u64>)>(&v);

@@ -285,66 +285,33 @@ impl Node {
             .map(|n| n == 1)
     }
 
-    /// Compare-and-pexpire (`reset` is passed to the script, which ignores it now).
+    /// Compare-and-pexpire of one lock.
     pub(crate) async fn extend(
         &self,
         names: &Names,
         owner: &Owner,
         ttl: Duration,
-        reset: bool,
     ) -> Result<bool, Error> {
-        let extended = self
-            .extend_many(&[(names, owner, ttl)], reset, false)
-            .await?;
-        Ok(extended.first() == Some(&true))
+        let call = ExtendCall::new(&[(names.lock(), owner.as_str())], ttl, false);
+        Ok(self.extend_many(&call).await?.first() == Some(&true))
     }
 
-    /// Compare-and-pexpire of many locks in one script call: one answer per lock, in order. On
-    /// a Redis Cluster the locks must share one slot, or with `cross_slot` one master (the call
-    /// goes to the master of the first lock's slot).
-    pub(crate) async fn extend_many(
-        &self,
-        locks: &[(&Names, &Owner, Duration)],
-        reset: bool,
-        cross_slot: bool,
-    ) -> Result<Vec<bool>, Error> {
-        let n = locks.len();
-        let reset = if reset { "1" } else { "0" };
-        let (script, cmd) = if cross_slot {
-            let mut cmd = evalsha(&EXTEND_MANY_CROSS_SLOT, 1, 1 + 3 * n);
-            if let Some((first, _, _)) = locks.first() {
-                cmd.arg(first.lock());
-            }
-            cmd.arg(reset);
-            for (names, owner, ttl) in locks {
-                cmd.arg(names.lock()).arg(owner.as_str()).arg(ttl_ms(*ttl));
-            }
-            (&EXTEND_MANY_CROSS_SLOT, cmd)
-        } else {
-            let mut cmd = evalsha(&EXTEND_MANY, n, 1 + 2 * n);
-            for (names, _, _) in locks {
-                cmd.arg(names.lock());
-            }
-            cmd.arg(reset);
-            for (_, owner, ttl) in locks {
-                cmd.arg(owner.as_str()).arg(ttl_ms(*ttl));
-            }
-            (&EXTEND_MANY, cmd)
-        };
-        let answers: Vec<i64> = self.eval(script, &cmd, "extend").await?;
-        if answers.len() != locks.len() {
-            return Err(Error::new(
+    /// Runs `call` (compare-and-pexpire of many locks in one script call): one answer per
+    /// lock, in order.
+    pub(crate) async fn extend_many(&self, call: &ExtendCall) -> Result<Vec<bool>, Error> {
+        let answer: Vec<u8> = self.eval(call.script, &call.cmd, "extend").await?;
+        extend_answers(&answer, call.locks).ok_or_else(|| {
+            Error::new(
                 ErrorKind::Backend,
                 self.backend,
                 format!(
-                    "extend on {}: {} answers for {} locks",
+                    "extend on {}: an answer of {} bytes for {} locks",
                     self.name,
-                    answers.len(),
-                    locks.len()
+                    answer.len(),
+                    call.locks
                 ),
-            ));
-        }
-        Ok(answers.into_iter().map(|n| n == 1).collect())
+            )
+        })
     }
 
     /// Redis Cluster: the slot ranges and the master (`host:port`) serving each, from
@@ -471,11 +438,68 @@ pub(crate) fn redis_error(backend: &'static str, node: &str, e: &RedisError, op:
     Error::new(kind, backend, format!("{op} on {node}: {e}"))
 }
 
+/// One compare-and-pexpire script call over many locks, encoded once: sent as is to one
+/// server, or to every Redlock node.
+pub(crate) struct ExtendCall {
+    script: &'static Script,
+    cmd: Cmd,
+    /// How many locks it re-arms.
+    locks: usize,
+}
+
+impl ExtendCall {
+    /// The call re-arming `locks` (lock name, owner value) for `ttl`. On a Redis Cluster the
+    /// locks must share one slot, or with `cross_slot` one master (the call goes to the master
+    /// of the first lock's slot).
+    pub(crate) fn new(locks: &[(&str, &str)], ttl: Duration, cross_slot: bool) -> Self {
+        let n = locks.len();
+        let ms = ttl_ms(ttl);
+        if cross_slot {
+            let mut cmd = evalsha(&EXTEND_MANY_CROSS_SLOT, 1, 1 + 2 * n);
+            if let Some((first, _)) = locks.first() {
+                cmd.arg(*first);
+            }
+            cmd.arg(ms);
+            for (name, owner) in locks {
+                cmd.arg(*name).arg(*owner);
+            }
+            Self {
+                script: &EXTEND_MANY_CROSS_SLOT,
+                cmd,
+                locks: n,
+            }
+        } else {
+            let mut cmd = evalsha(&EXTEND_MANY, n, 1 + n);
+            for (name, _) in locks {
+                cmd.arg(*name);
+            }
+            cmd.arg(ms);
+            for (_, owner) in locks {
+                cmd.arg(*owner);
+            }
+            Self {
+                script: &EXTEND_MANY,
+                cmd,
+                locks: n,
+            }
+        }
+    }
+}
+
 /// An `EVALSHA` of `script` with `keys` keys to follow, with room for them and `args` arguments.
 pub(crate) fn evalsha(script: &Script, keys: usize, args: usize) -> Cmd {
     let mut cmd = Cmd::with_capacity(3 + keys + args, 64 + 64 * (keys + args));
     cmd.arg("EVALSHA").arg(script.get_hash()).arg(keys);
     cmd
+}
+
+/// The answers of an [`ExtendCall`] over `locks` locks, from its reply (one character per lock,
+/// `1` if extended, `0` if not); `None` for a reply of another shape.
+pub(crate) fn extend_answers(reply: &[u8], locks: usize) -> Option<Vec<bool>> {
+    if reply.len() != locks || reply.iter().any(|b| !matches!(b, b'0' | b'1')) {
+        return None;
+    }
+    Some(reply.iter().map(|&b| b == b'1').collect())
 }
 
 /// What a `PTTL` answer says is left of a lock's TTL (`None`: no TTL, or no key).

@@ -18,10 +18,10 @@ use tokio::sync::{Notify, mpsc};
 use tokio::time::Instant;
 
 use crate::config::{REDLOCK as NAME, RedlockConfig};
-use crate::keys::Names;
+use crate::keys::{NameList, Names};
 use crate::node::{Connector, Node, Taken, names};
 use crate::quorum::{Outcome, Tally};
-use crate::renew::extend_on;
+use crate::renew::{Plan, copy};
 use crate::wake::{Subscription, WakeHub, pushes_to, wait_on};
 
 /// What Redlock guarantees and supports: a constant, as
@@ -562,7 +562,7 @@ impl LockBackend for RedlockBackend {
             let (names, owner) = (Arc::clone(&names), owner.clone());
             // Compare-and-pexpire only: a missing key is never set again, so an extend that
             // lands after a release (on any node) cannot bring the lock back.
-            async move { node.extend(&names, &owner, ttl, false).await }
+            async move { node.extend(&names, &owner, ttl).await }
         });
         let mut tally = self.tally("extend", "extended", "held by another owner");
         let late = (req.started + ttl).min(Instant::now() + LATE_ANSWERS);
@@ -585,30 +585,39 @@ impl LockBackend for RedlockBackend {
         // lost (restarted empty, or released meanwhile) is not set again: see `extend`.
         let per_node = self.patient_timeout(shortest);
         let prefix = &self.inner.config.prefix;
-        let all: Vec<_> = reqs.iter().map(|r| names(prefix, r.held.key)).collect();
+        let all = NameList::new(prefix, reqs.iter().map(|r| r.held.key), false);
+        // Encoded once, the same calls to every node (Redlock nodes are single servers).
+        let plan = Plan::single(&all, reqs);
+        drop(all);
         let answers = join_all(
             self.inner
                 .nodes
                 .iter()
-                .map(|node| extend_on(node, &all, reqs, false, Some(per_node))),
+                .map(|node| plan.send(node, Some(per_node))),
         )
         .await;
-        let mut by_node: Vec<_> = answers.into_iter().map(Vec::into_iter).collect();
-        // The majority rule, per lease.
+        let quorum = self.quorum();
+        // The majority rule, per lease: counted first (the usual case, a quorum said yes),
+        // the full tally only for a lease without one.
         reqs.iter()
-            .map(|req| {
-                let mut tally = self.tally("extend", "extended", "held by another owner");
-                for (slot, answers) in tally.outcomes.iter_mut().zip(&mut by_node) {
-                    *slot = answers.next().map(|a| match a {
-                        Ok(true) => Outcome::Yes,
-                        Ok(false) => Outcome::No,
-                        Err(e) => Outcome::Failed(e),
-                    });
-                }
-                if tally.yes() >= self.quorum() {
+            .enumerate()
+            .map(|(i, req)| {
+                let yes = answers
+                    .iter()
+                    .filter(|a| matches!(a.get(i), Some(Ok(true))))
+                    .count();
+                if yes >= quorum {
                     return Ok(self
                         .validity_left(req.started, req.ttl)
                         .map(|_| req.ttl_validity()));
+                }
+                let mut tally = self.tally("extend", "extended", "held by another owner");
+                for (slot, answers) in tally.outcomes.iter_mut().zip(&answers) {
+                    *slot = answers.get(i).map(|a| match a {
+                        Ok(true) => Outcome::Yes,
+                        Ok(false) => Outcome::No,
+                        Err(e) => Outcome::Failed(copy(e)),
+                    });
                 }
                 tally.no_quorum(&self.inner.nodes, None)
             })

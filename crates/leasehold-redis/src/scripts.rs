@@ -172,20 +172,21 @@ pub(crate) const WAKE_FN: &str = r"local function wake(channel, owner, mode)
 end
 ";
 
-/// `KEYS[1..n]` locks; `ARGV[1]` unused (it once asked to set a missing key again), then for
-/// lock `i` its owner `ARGV[2i]` and its ttl in ms `ARGV[2i+1]`.
+/// `KEYS[1..n]` locks; `ARGV[1]` the ttl in ms they are all re-armed for, then the owner of
+/// lock `i` in `ARGV[i+1]`.
 /// Re-arms each lock's TTL only if it exists and holds its owner value: a missing key is never
 /// created, so an extend still in flight when the lease is released (Redlock sends both to
-/// every node, in any order) cannot bring the lock back. Returns one integer per lock, in
-/// order: 1 if extended, else 0. The renewal engine sends many locks at once;
+/// every node, in any order) cannot bring the lock back. Returns one string with a character
+/// per lock, in order: `1` if extended, else `0` (one bulk string is far cheaper for the
+/// client to read than an array of integers). The renewal engine sends many locks at once;
 /// a single extend is the case n = 1.
 pub(crate) static EXTEND_MANY: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         "{RENEW_FN}
 for i, key in ipairs(KEYS) do
-  out[i] = renew(key, ARGV[2 * i], ARGV[2 * i + 1])
+  out[i] = renew(key, ARGV[i + 1])
 end
-return out
+return table.concat(out)
 "
     ))
 });
@@ -193,22 +194,23 @@ return out
 /// Redis Cluster, Redis 7: [`EXTEND_MANY`] over locks of many slots served by one master,
 /// flagged `allow-cross-slot-keys`. A cluster refuses declared keys of different slots, so
 /// `KEYS[1]` is only the first lock (it routes the call to its master) and the locks come in
-/// `ARGV`: `ARGV[1]` as above, then for lock `i` its name `ARGV[3i-1]`, owner `ARGV[3i]` and
-/// ttl in ms `ARGV[3i+1]`. Same answers as [`EXTEND_MANY`].
+/// `ARGV`: `ARGV[1]` the ttl in ms as above, then for lock `i` its name `ARGV[2i]` and owner
+/// `ARGV[2i+1]`. Same answer as [`EXTEND_MANY`].
 pub(crate) static EXTEND_MANY_CROSS_SLOT: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         "#!lua flags=allow-cross-slot-keys
 {RENEW_FN}
-for i = 1, (#ARGV - 1) / 3 do
-  out[i] = renew(ARGV[3 * i - 1], ARGV[3 * i], ARGV[3 * i + 1])
+for i = 1, (#ARGV - 1) / 2 do
+  out[i] = renew(ARGV[2 * i], ARGV[2 * i + 1])
 end
-return out
+return table.concat(out)
 "
     ))
 });
 
-/// The compare-and-pexpire of one lock, shared by the batch scripts.
-const RENEW_FN: &str = r"local function renew(key, owner, ttl)
+/// The compare-and-pexpire of one lock for `ARGV[1]` ms, shared by the batch scripts.
+const RENEW_FN: &str = r"local ttl = ARGV[1]
+local function renew(key, owner)
   if redis.call('GET', key) == owner then
     return redis.call('PEXPIRE', key, ttl)
   end

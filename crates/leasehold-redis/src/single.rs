@@ -17,7 +17,7 @@ use tokio::time::Instant;
 
 use crate::config::{Deployment, REDIS as NAME, RedisConfig, invalid};
 use crate::fence::FenceExpiry;
-use crate::keys::Names;
+use crate::keys::{NameList, Names};
 use crate::node::{Connector, Node, Taken, names};
 use crate::renew::extend_on;
 use crate::replica::{ReplicaSync, Source};
@@ -407,7 +407,7 @@ impl LockBackend for RedisBackend {
         let ok = self
             .inner
             .node
-            .extend(&names, req.held.owner, req.ttl, false)
+            .extend(&names, req.held.owner, req.ttl)
             .await?;
         Ok(ok.then(|| req.ttl_validity()))
     }
@@ -417,8 +417,9 @@ impl LockBackend for RedisBackend {
         reqs: &[ExtendRequest<'_>],
     ) -> Vec<Result<Option<Validity>, Error>> {
         // The names as this view maps keys: an election view's leases are elections.
-        let all: Vec<_> = reqs.iter().map(|r| self.names(r.held.key)).collect();
-        let answers = extend_on(&self.inner.node, &all, reqs, false, None).await;
+        let keys = reqs.iter().map(|r| r.held.key);
+        let all = NameList::new(&self.inner.config.prefix, keys, self.elect);
+        let answers = extend_on(&self.inner.node, &all, reqs, None).await;
         answers
             .into_iter()
             .zip(reqs)

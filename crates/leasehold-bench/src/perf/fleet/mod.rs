@@ -11,7 +11,7 @@
 //! messages from `/metrics`; the busiest node's figure), the TCP connections to the servers
 //! (from `/proc`, the probe's own taken out) and PostgreSQL's sessions (`pg_stat_activity` rows
 //! with the backend's `application_name`), client CPU (`getrusage`, user + system, % of one
-//! core) and resident memory growth per lease; then the time to release all N at once, and
+//! core; the CPU time of the connection counts' own `/proc` reads taken out) and resident memory growth per lease; then the time to release all N at once, and
 //! the locks left at once and after the settle time (5 s; the backend still connected, so a
 //! lock a live session still carries shows); and the leases lost while held.
 //!

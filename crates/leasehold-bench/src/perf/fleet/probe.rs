@@ -190,12 +190,32 @@ async fn http_get(addr: &str, path: &str) -> Result<String, BoxError> {
 
 /// User + system CPU time of this process so far (`getrusage`).
 pub(super) fn cpu_time() -> Result<Duration, BoxError> {
-    let u = getrusage(UsageWho::RUSAGE_SELF)?;
+    usage(UsageWho::RUSAGE_SELF)
+}
+
+/// User + system CPU time of `who` so far.
+fn usage(who: UsageWho) -> Result<Duration, BoxError> {
+    let u = getrusage(who)?;
     let tv = |t: nix::sys::time::TimeVal| {
         Duration::from_secs(u64::try_from(t.tv_sec()).unwrap_or(0))
             + Duration::from_micros(u64::try_from(t.tv_usec()).unwrap_or(0))
     };
     Ok(tv(u.user_time()) + tv(u.system_time()))
+}
+
+/// [`connections_to`], adding the CPU time the calling thread spent on it to `spent`: the
+/// count runs synchronously on this thread, so the thread's own `getrusage` delta is exactly
+/// its cost (the process-wide one would also take out what other threads did meanwhile).
+pub(super) fn connections_counted(ports: &[u16], spent: &mut Duration) -> Result<usize, BoxError> {
+    let before = thread_cpu_time()?;
+    let n = connections_to(ports)?;
+    *spent += thread_cpu_time()?.saturating_sub(before);
+    Ok(n)
+}
+
+/// User + system CPU time of the calling thread so far (`getrusage(RUSAGE_THREAD)`).
+fn thread_cpu_time() -> Result<Duration, BoxError> {
+    usage(UsageWho::RUSAGE_THREAD)
 }
 
 /// Resident memory of this process now, in bytes (`VmRSS` of `/proc/self/status`).

@@ -82,7 +82,8 @@ pub(in crate::perf) fn table(rows: &[FleetRow], rt: &str) -> Option<Table> {
          process's established TCP connections to the servers (`/proc`), the probe's own taken \
          out; PostgreSQL sessions: the most `pg_stat_activity` rows with the backend's \
          `application_name` seen while holding. Client CPU: `getrusage` user + system over the \
-         hold window; RSS / lease: resident memory growth from before the N acquisitions to \
+         hold window, less the CPU time of the probe's own connection counts (`/proc` reads, \
+         measured with the thread's `getrusage` around each); RSS / lease: resident memory growth from before the N acquisitions to \
          the end of the hold, over N. Each (backend, N) runs in a process of its own. Locks \
          left after settle: counted with the backend still connected (a TTL backend's keys \
          expire by then anyway; the figure shows what a live session still carries).",
