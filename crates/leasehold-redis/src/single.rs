@@ -347,20 +347,6 @@ impl LockBackend for RedisBackend {
         let Ok(_turn) = tokio::time::timeout_at(deadline, q.turn.lock()).await else {
             return Ok(Waited::new(None, 0));
         };
-        let config = &self.inner.config;
-        // In the default mode a free lock is taken by one plain attempt, with no subscription
-        // (an uncontended acquisition with a wait budget then costs what a try does); only a
-        // lock found taken is waited for, and the wait's first attempt comes after the
-        // subscription, so a release in between is not missed. Fair mode joins the line at
-        // once: a plain attempt there could pass a waiter whose holder let the lock expire.
-        let tried = if config.fair.is_none() {
-            if let Some(grant) = self.attempt(&req, false).await? {
-                return Ok(Waited::new(Some(grant), 1));
-            }
-            1
-        } else {
-            0
-        };
         let names = self.names(req.key);
         let sub = Subscription::new(
             &self.inner.node,
@@ -372,6 +358,7 @@ impl LockBackend for RedisBackend {
         // lost. In fair mode the backoff also keeps our place in line: we ask again well
         // within the grace period, and a release message names the waiter it handed the lock
         // to: only that one acts on it.
+        let config = &self.inner.config;
         let pause = |attempts| match config.fair {
             Some(grace) => config.wait_backoff.delay(attempts).min(grace / 3),
             None => config.wait_backoff.delay(attempts),
@@ -391,7 +378,7 @@ impl LockBackend for RedisBackend {
         if waited.grant.is_none() {
             self.leave_line(req.key, req.owner);
         }
-        Ok(Waited::new(waited.grant, waited.attempts + tried))
+        Ok(waited)
     }
 
     async fn release(&self, held: Held<'_>) -> Result<bool, Error> {

@@ -149,31 +149,6 @@ async fn no_waiter_is_lost_when_releases_publish_only_to_announced_waiters() {
     );
 }
 
-/// An acquisition with a wait budget takes a free lock with one plain attempt: it subscribes
-/// to the release channel only when the lock is taken. (Other tests of this binary may
-/// subscribe meanwhile, hence the slack; subscribing first made it one per acquisition.)
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_uncontended_acquisition_with_a_budget_does_not_subscribe() {
-    let ep = require_service!(Service::Redis);
-    let prefix = common::prefix("nosub");
-    let l = common::locker(common::redis(ep.url(), &prefix).await);
-    let n = 100;
-    let before = common::commandstats::calls(ep.url(), &["subscribe", "ssubscribe"]).await;
-    for i in 0..n {
-        let lease = l
-            .acquire(format!("k{i}"), Duration::from_secs(5))
-            .await
-            .unwrap();
-        assert!(lease.release().await.unwrap());
-    }
-    let subscribed =
-        common::commandstats::calls(ep.url(), &["subscribe", "ssubscribe"]).await - before;
-    assert!(
-        subscribed < n / 2,
-        "{subscribed} subscriptions for {n} uncontended acquisitions"
-    );
-}
-
 /// With nobody waiting a release publishes nothing (the uncontended cycle costs the server no
 /// wake-up); with a waiter it does.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
