@@ -69,10 +69,13 @@ where
     while Instant::now() < end {
         let asked = Instant::now();
         let (got, freed) = take().await?;
+        // The contention subjects time the release as a whole: a grant to another task
+        // before it returned counts as an overlap.
         grants.push(Grant {
             task,
             asked,
             got,
+            releasing: freed,
             freed,
         });
     }

@@ -13,7 +13,9 @@ pub(crate) struct Grant {
     pub(crate) asked: Instant,
     /// When it was granted.
     pub(crate) got: Instant,
-    /// When it released.
+    /// When it called `release()`: a grant to another task before this is two holders at once.
+    pub(crate) releasing: Instant,
+    /// When `release()` returned: handoffs count from here.
     pub(crate) freed: Instant,
 }
 

@@ -234,8 +234,8 @@
 //!
 //! redis-rs does not send a request whose future is dropped before it goes out, so nothing that
 //! must happen is left to a future the caller can drop: Redlock's give-backs and its release
-//! requests (all of them, started at once, so that a process exiting right after a release has
-//! sent them) run in spawned tasks; `Lease` drops release in a spawned task (see
+//! requests (all of them, started at once in one spawned task rather than left to the caller's
+//! future, for a process that exits right after its release) run in spawned tasks; `Lease` drops release in a spawned task (see
 //! `leasehold_core::Lease`); an acquire dropped mid-flight is cleaned up by owner value.
 //!
 //! Connection trouble, timeouts and the server's "not now" answers (`BUSY`, `LOADING`,

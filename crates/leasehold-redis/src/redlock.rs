@@ -513,10 +513,10 @@ impl LockBackend for RedlockBackend {
         let bound = Duration::from_secs(10);
         let per_node = self.patient_timeout(bound);
         // Every node's request starts at once in the fan-out task, not in the caller's future:
-        // a holder often exits as soon as its release returns (the CLI's does), and requests
-        // still unsent at the quorum's decision were then left to a task the exit stopped. Run
-        // in the caller's future, `leasehold-cli`'s `redlock_end_to_end` found the key left on
-        // 2 of 5 nodes after a release.
+        // a holder often exits as soon as its release returns (the CLI's does). With the
+        // requests in the caller's future and only those unanswered at the quorum's decision
+        // spawned, `leasehold-cli`'s `redlock_end_to_end` found the key left on 2 of 5 nodes
+        // after a release (requests the exit stopped before they went out, we think).
         let mut rx = self.spawn_all(per_node, bound, |node| {
             let (names, owner) = (Arc::clone(&names), owner.clone());
             async move { node.release(&names, &owner, None).await }

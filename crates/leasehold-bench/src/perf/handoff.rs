@@ -22,7 +22,7 @@ use super::scenarios::{count_leftovers, timed};
 use super::setup_failed;
 use crate::harness::BoxError;
 use crate::report::Table;
-use crate::stats::{Spread, Summary};
+use crate::stats::{Grant, Spread};
 use crate::subjects::{Client, Kind, Subject, released};
 
 /// The backends that wait, as their lock groups are named; ours is measured on each.
@@ -135,25 +135,13 @@ async fn measure(p: &Params, rt: &str, g: &Group, w: usize) -> Row {
     row
 }
 
-/// One grant of the relay.
-#[derive(Debug, Clone, Copy)]
-struct Turn {
-    /// The client that took it.
-    client: usize,
-    /// When it began waiting, was granted, called `release()`, and `release()` returned.
-    asked: Instant,
-    got: Instant,
-    releasing: Instant,
-    freed: Instant,
-}
-
 /// What the clients of a relay share.
 struct Relay {
     /// When each client began waiting (`None`: not waiting).
     waiting: Vec<Option<Instant>>,
     /// The client granted last.
     holder: Option<usize>,
-    turns: Vec<Turn>,
+    turns: Vec<Grant>,
     /// Set once enough handoffs were measured, the time is up, or a client failed.
     stop: bool,
     error: Option<String>,
@@ -231,7 +219,7 @@ async fn relay(p: &Params, clients: &[Arc<dyn Client>]) -> Result<Relayed, Strin
 }
 
 /// The grants of a relay, and why it failed if it did.
-type Relayed = (Vec<Turn>, Option<String>);
+type Relayed = (Vec<Grant>, Option<String>);
 
 /// One client's part in a relay.
 struct Turns<'a> {
@@ -278,8 +266,8 @@ impl Turns<'_> {
             released(lease.release().await.map_err(|e| e.to_string())?)
                 .map_err(|e| e.to_string())?;
             let freed = Instant::now();
-            let turn = Turn {
-                client: i,
+            let turn = Grant {
+                task: i,
                 asked,
                 got,
                 releasing,
@@ -319,31 +307,10 @@ impl Turns<'_> {
     }
 }
 
-/// Fills a row from the turns of a relay: the handoffs (from one `release()` returning to the
-/// next grant; zero when the grant came first), the longest wait, and an error if a grant
-/// came before the previous holder called `release()` (two holders at once).
-fn fill(row: &mut Row, mut turns: Vec<Turn>) {
-    turns.sort_by_key(|t| t.got);
-    let mut handoffs = Vec::new();
-    for w in turns.windows(2) {
-        if w[1].got < w[0].releasing {
-            row.error = Some(format!(
-                "two holders at once: client {} was granted {:?} before client {} released",
-                w[1].client,
-                w[0].releasing - w[1].got,
-                w[0].client
-            ));
-        }
-        handoffs.push(w[1].got.saturating_duration_since(w[0].freed));
-    }
-    row.grants = Some(turns.len());
-    row.cycles = handoffs.len();
-    row.longest_wait = turns.iter().map(|t| t.got - t.asked).max();
-    if !handoffs.is_empty() {
-        let s = Summary::of(handoffs);
-        row.handoff_p50 = Some(s.p50);
-        row.handoff_p99 = Some(s.p99);
-    }
+/// Fills a row from the grants of a relay ([`Row::fill_contention`]); its cycles are the
+/// handoffs.
+fn fill(row: &mut Row, turns: Vec<Grant>) {
+    row.cycles = row.fill_contention(turns);
 }
 
 /// The ratio of two p50s, if both were measured.
@@ -433,10 +400,10 @@ pub(super) fn table(groups: &[(&str, Vec<&Row>)], rt: &str, p: &Params) -> Table
 mod tests {
     use super::*;
 
-    fn turn(client: usize, at: Instant, got_ms: u64) -> Turn {
+    fn turn(task: usize, at: Instant, got_ms: u64) -> Grant {
         let got = at + Duration::from_millis(got_ms);
-        Turn {
-            client,
+        Grant {
+            task,
             asked: at,
             got,
             releasing: got + Duration::from_millis(1),

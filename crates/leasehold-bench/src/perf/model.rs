@@ -180,20 +180,22 @@ pub(crate) struct Row {
 }
 
 impl Row {
-    /// Fills the contention figures from the grants of a run: how many, the median handoff
-    /// (from a release to the next grant when that goes to another task), the longest any
-    /// grant waited, the percentage of grants that went to the task that had just released;
-    /// an error, said in words, if two grants overlapped (two holders at once).
-    pub(crate) fn fill_contention(&mut self, mut grants: Vec<Grant>) {
+    /// Fills the contention figures from the grants of a run: how many, the handoff p50 and
+    /// p99 (from a release returning to the next grant when that goes to another task; zero
+    /// when the grant came first), the longest any grant waited, the percentage of grants that
+    /// went to the task that had just released; an error, said in words, if a grant came
+    /// before the previous holder called `release()` (two holders at once). Returns the
+    /// number of handoffs.
+    pub(crate) fn fill_contention(&mut self, mut grants: Vec<Grant>) -> usize {
         grants.sort_by_key(|g| g.got);
         let mut handoffs = Vec::new();
         let mut same = 0;
         for w in grants.windows(2) {
-            if w[1].got < w[0].freed {
+            if w[1].got < w[0].releasing {
                 self.error = Some(format!(
                     "two holders at once: task {} was granted {:?} before task {} released",
                     w[1].task,
-                    w[0].freed - w[1].got,
+                    w[0].releasing - w[1].got,
                     w[0].task
                 ));
             }
@@ -206,11 +208,15 @@ impl Row {
         self.grants = Some(grants.len());
         self.cycles = grants.len();
         self.longest_wait = grants.iter().map(|g| g.got - g.asked).max();
-        if !handoffs.is_empty() {
-            self.handoff_p50 = Some(Summary::of(handoffs).p50);
+        let n = handoffs.len();
+        if n > 0 {
+            let s = Summary::of(handoffs);
+            self.handoff_p50 = Some(s.p50);
+            self.handoff_p99 = Some(s.p99);
         }
         let pairs = grants.len().saturating_sub(1).max(1);
         self.straight_back = Some(100.0 * f64::from(same) / pairs as f64);
+        n
     }
 }
 
@@ -290,11 +296,13 @@ mod tests {
 
     fn grant(task: usize, at: Instant, got_ms: u64, held_ms: u64) -> Grant {
         let got = at + Duration::from_millis(got_ms);
+        let freed = got + Duration::from_millis(held_ms);
         Grant {
             task,
             asked: at,
             got,
-            freed: got + Duration::from_millis(held_ms),
+            releasing: freed,
+            freed,
         }
     }
 

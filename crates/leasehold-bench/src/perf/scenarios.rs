@@ -326,7 +326,9 @@ pub(super) async fn contention_scenario(p: &Params, rt: &str, g: &Group) -> Vec<
         }
         .await;
         match result {
-            Ok(grants) => r.fill_contention(grants),
+            Ok(grants) => {
+                r.fill_contention(grants);
+            }
             Err(e) => r.error = Some(e),
         }
     }
