@@ -2,9 +2,9 @@
 //!
 //! The leadership is the lock mechanism itself under names of its own: the lock
 //! `<prefix>{<key>}:elect` (with its fence counter `<prefix>{<key>}:elect:fence`, wake-up
-//! channel, waiting marker and queues derived as a lock's), so it waits natively, renews,
-//! expires and fences exactly as a lock does: a waiting candidate announces itself
-//! (`…:elect:waiting`) and the leader's release publishes for it. The term is that fence counter: a **best-effort** token (it goes
+//! channels, wait list and queues derived as a lock's), so it waits natively, renews,
+//! expires and fences exactly as a lock does: a waiting candidate puts itself on the wait list
+//! (`…:elect:waitlist`) and the leader's release wakes it on its own channel. The term is that fence counter: a **best-effort** token (it goes
 //! back if the server loses its data). The leader's value lives beside it in
 //! `<prefix>{<key>}:elect:leader` as `<owner>\n<value>`, written after the grant and removed
 //! (compare-and-delete on the owner) on resignation; the leader is the lock's holder with the

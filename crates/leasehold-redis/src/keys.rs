@@ -3,7 +3,7 @@
 use std::fmt;
 use std::io::Write as _;
 
-use leasehold_core::{Error, ErrorKind, LockKey};
+use leasehold_core::{Error, ErrorKind, LockKey, Owner};
 use redis::{RedisWrite, ToRedisArgs, ToSingleRedisArg};
 
 /// The default prefix of every Redis key leasehold writes.
@@ -32,7 +32,7 @@ const FENCE: &str = ":fence";
 const CHANNEL: &str = ":released";
 const QUEUE: &str = ":queue";
 const WAITERS: &str = ":waiters";
-const WAITING: &str = ":waiting";
+const WAIT_LIST: &str = ":waitlist";
 /// Semaphores: the holders (a sorted set), their token counter, their limit, their wake-ups.
 /// No semaphore suffix contains `}`, so no lock name (`<prefix>{<key>}` plus a lock suffix,
 /// whatever braces the key holds) ever equals a semaphore name.
@@ -78,9 +78,16 @@ impl Names {
         self.derived(FENCE)
     }
 
-    /// The wake-up channel the release script publishes on.
+    /// The wake-up channels' common part: a release publishes on `<channel>:<owner>`, the
+    /// channel of the one waiter it wakes ([`Self::waiter_channel`]).
     pub(crate) fn channel(&self) -> Derived<'_> {
         self.derived(CHANNEL)
+    }
+
+    /// The wake-up channel of the waiter `owner`: `<prefix>{<key>}:released:<owner>`, on the
+    /// lock's hash slot.
+    pub(crate) fn waiter_channel(&self, owner: &Owner) -> String {
+        format!("{}:{}", self.channel(), owner.as_str())
     }
 
     /// Fair mode: the list of queued owner values, in arrival order.
@@ -93,10 +100,12 @@ impl Names {
         self.derived(WAITERS)
     }
 
-    /// Plain mode: set (with a short TTL) by a waiter whose attempt found the lock held; a
-    /// release publishes a wake-up only while it exists.
-    pub(crate) fn waiting(&self) -> Derived<'_> {
-        self.derived(WAITING)
+    /// Plain mode: owner value → server time (ms) until which that waiter counts as alive,
+    /// set by a waiting attempt that found the lock held. A release wakes the one whose score
+    /// is lowest (it asked least recently) and takes it off; with the set empty or gone, a
+    /// release publishes nothing.
+    pub(crate) fn wait_list(&self) -> Derived<'_> {
+        self.derived(WAIT_LIST)
     }
 
     /// Semaphore: owner value → server time (ms) at which that permit expires.
@@ -227,7 +236,14 @@ mod tests {
         assert_eq!(n.channel().to_string(), "leasehold:{jobs/nightly}:released");
         assert_eq!(n.queue().to_string(), "leasehold:{jobs/nightly}:queue");
         assert_eq!(n.waiters().to_string(), "leasehold:{jobs/nightly}:waiters");
-        assert_eq!(n.waiting().to_string(), "leasehold:{jobs/nightly}:waiting");
+        assert_eq!(
+            n.wait_list().to_string(),
+            "leasehold:{jobs/nightly}:waitlist"
+        );
+        assert_eq!(
+            n.waiter_channel(&Owner::from_raw("0a1b")),
+            "leasehold:{jobs/nightly}:released:0a1b"
+        );
         // Written into a command, a derived name is one argument with the same bytes.
         let mut args: Vec<Vec<u8>> = Vec::new();
         n.fence().write_redis_args(&mut args);
@@ -275,8 +291,14 @@ mod tests {
         let lock = |n: &Names| {
             let mut v = vec![n.lock().to_owned()];
             v.extend(
-                [n.fence(), n.channel(), n.queue(), n.waiters(), n.waiting()]
-                    .map(|d| d.to_string()),
+                [
+                    n.fence(),
+                    n.channel(),
+                    n.queue(),
+                    n.waiters(),
+                    n.wait_list(),
+                ]
+                .map(|d| d.to_string()),
             );
             v
         };
@@ -338,7 +360,13 @@ mod tests {
                 "{key:?}: no hash tag in {}",
                 n.lock()
             );
-            for derived in [n.fence(), n.channel(), n.queue(), n.waiters(), n.waiting()] {
+            for derived in [
+                n.fence(),
+                n.channel(),
+                n.queue(),
+                n.waiters(),
+                n.wait_list(),
+            ] {
                 let name = derived.to_string();
                 assert_eq!(hash_tag(&name), tag, "{key:?}: {name} vs {}", n.lock());
                 assert!(seen.insert(name), "{key:?}: a name is shared");
@@ -356,7 +384,7 @@ mod tests {
                 e.channel(),
                 e.queue(),
                 e.waiters(),
-                e.waiting(),
+                e.wait_list(),
                 e.leader(),
             ] {
                 let name = derived.to_string();

@@ -8,7 +8,7 @@
 //! |---|---|---|
 //! | safety | one server decides; a failover or a restart without persistence can hand the lock to a second holder | a majority decides; safe only under bounded network delay, process pauses and clock drift |
 //! | fencing token | best effort: a per-key counter, `INCR`ed with each acquisition; it **goes back** if the server loses its data | none (a quorum cannot mint a strictly increasing number without consensus) |
-//! | waiting | woken by the release message on a per-key channel, with jittered backoff as a fallback; waiters of one process queue in order; opt-in [fair mode](#fair-mode) across processes | woken by the release message of any node (the same channel on every node), with jittered backoff as a fallback |
+//! | waiting | a release wakes one waiter (the one that asked least recently) with a message on that waiter's own channel, with jittered backoff as a fallback; waiters of one process queue in order; opt-in [fair mode](#fair-mode) across processes | woken by the release message of any node (each node wakes one waiter of its own wait list), with jittered backoff as a fallback |
 //! | holder crash | the key expires after its TTL | the keys expire after their TTL |
 //!
 //! Requires Redis ≥ 6 (RESP3: release wake-ups are pushed on the shared connection); a Redis
@@ -62,8 +62,8 @@
 //! |---|---|
 //! | `leasehold:{jobs/nightly}` | the lock: a string holding the owner value, with a TTL |
 //! | `leasehold:{jobs/nightly}:fence` | the fencing counter (single node only; never deleted unless `fence_ttl_ms` is set, so tokens don't restart while the server keeps its data) |
-//! | `leasehold:{jobs/nightly}:released` | the pub/sub channel the release script publishes on |
-//! | `leasehold:{jobs/nightly}:waiting` | set for a few seconds by a waiter whose attempt found the lock held: a release publishes only while it exists |
+//! | `leasehold:{jobs/nightly}:released:<owner>` | a waiter's own pub/sub channel: the release that chose it as the waiter to wake publishes there |
+//! | `leasehold:{jobs/nightly}:waitlist` | the waiters (sorted set: owner value → server time in ms until which it counts as alive), each put there for a few seconds by its attempt that found the lock held; a release takes the lowest off and wakes it, and publishes nothing while the list is empty |
 //!
 //! The braces are a hash tag: on a Redis Cluster they all share one slot. A key beginning
 //! with `}` would leave that tag empty (Redis Cluster then hashes each name whole, and the lock
@@ -78,8 +78,8 @@
 //!
 //! # What keys leave behind
 //!
-//! A released lock deletes its key, and the fair line's keys and a waiter's `:waiting` marker
-//! expire by themselves; the fence counter
+//! A released lock deletes its key; the fair line's keys and the `:waitlist` expire by
+//! themselves (a waiter that gives up takes itself off at once); the fence counter
 //! `<lock>:fence` stays: **keys must come from a bounded set** (job names, not request ids), or
 //! counters pile up without end (`leasehold-bench perf` measures the bytes one key leaves).
 //! Deleting a counter by hand restarts its tokens at 1: a token below ones already handed out.
@@ -107,8 +107,8 @@
 //!   least every third of the grace period), which keeps its place.
 //! - A free lock is granted only to the head of the line (or to anyone when the line is empty).
 //!   A release does not free a lock with a line: it hands it to the first waiter still alive
-//!   (sets it to that waiter's owner value for the grace period) and publishes that owner value,
-//!   so only that waiter acts on the message; it claims the lock (re-armed for its TTL, with the
+//!   (sets it to that waiter's owner value for the grace period) and publishes on that waiter's
+//!   own channel, so only that waiter hears of it; it claims the lock (re-armed for its TTL, with the
 //!   next fencing token) in its next attempt.
 //! - `try_acquire` never joins the line. It is the plain `SET NX` of the uncontended path, so
 //!   fair mode costs the server no more than plain mode until someone waits; since a lock with a
@@ -168,10 +168,14 @@
 //! pipelined (plain commands cost the server far less than a script; why the tokens still follow
 //! the order of grants is said at `Node::take`; a Redis Cluster, or a counter with
 //! `fence_ttl_ms`, runs them as one Lua script). A
-//! waiting attempt is one script that also announces the waiter (the `:waiting` key, or the fair
-//! line) when the lock is held. Release is compare-and-delete, and `PUBLISH` on the wake-up
-//! channel only if a waiter announced itself; extend is compare-and-`PEXPIRE`. Scripts run by
-//! SHA and are reloaded on `NOSCRIPT`.
+//! waiting attempt is one script that also announces the waiter (the `:waitlist`, or the fair
+//! line) when the lock is held. Release is compare-and-delete, and, only if some waiter is on
+//! the wait list, a `PUBLISH` to one of them (the one that asked least recently, taken off the
+//! list: it asks again if another took the lock first); however many wait, a release wakes one,
+//! so handing the lock on costs the same with 64 waiters as with one (`leasehold-bench perf
+//! --groups handoff` measures it). A waiter that vanished without leaving the list (killed)
+//! costs at most one release's wake-up: the others then come by their backoff. Extend is
+//! compare-and-`PEXPIRE`. Scripts run by SHA and are reloaded on `NOSCRIPT`.
 //! All leases of one backend share one multiplexed, auto-reconnecting connection per server.
 //!
 //! # Renewal in batches
@@ -217,10 +221,13 @@
 //!   timed out could still make one, waits up to 1 s more (never past its validity) for their
 //!   late answers (their requests go on in the background): a grant held on a bare majority,
 //!   one of whose nodes is slow, is not reported as lost because of that node alone.
-//! - A waiting acquire subscribes to the key's release channel on every node it can reach (RESP3
-//!   pushes on the node's shared connection), announces itself on each node that finds the key
-//!   held (the `:waiting` key, as on one server), and starts the next round on the first release
-//!   message from any node, with jittered backoff (50 ms to 1 s) as the fallback.
+//! - A waiting acquire subscribes to its own wake-up channel on every node it can reach (RESP3
+//!   pushes on the node's shared connection), puts itself on the wait list of each node that
+//!   finds the key held (the `:waitlist`, as on one server), and starts the next round on the
+//!   first release message from any node, with jittered backoff (50 ms to 1 s) as the
+//!   fallback. Each node's release wakes one waiter of its list; the lists fill in the same
+//!   rounds, so the nodes mostly wake the same waiter, and the waiters never all start a round
+//!   at once (which split the nodes' votes round after round).
 //! - Nodes connect lazily: a node that is down does not stop the backend, and is used again when
 //!   it returns.
 //!
@@ -299,7 +306,7 @@ pub mod fuzzing {
     use redis::Value;
 
     /// The Redis names of a lock under `prefix`: the lock, its fence counter, its wake-up
-    /// channel, its fair queue, its fair waiters and its waiting marker.
+    /// channels' common part, its fair queue, its fair waiters and its wait list.
     pub fn names(prefix: &str, key: &LockKey) -> [String; 6] {
         let n = crate::keys::Names::new(prefix, key);
         [
@@ -308,7 +315,7 @@ pub mod fuzzing {
             n.channel().to_string(),
             n.queue().to_string(),
             n.waiters().to_string(),
-            n.waiting().to_string(),
+            n.wait_list().to_string(),
         ]
     }
 

@@ -196,8 +196,9 @@ impl Node {
     }
 
     /// A waiting attempt in plain mode: `SET NX PX` (and with a `fence` the next token), or,
-    /// when the lock is held, the waiter announces itself for `announce` (the release publishes
-    /// a wake-up only while some waiter has), in the same script: one round trip.
+    /// when the lock is held, the waiter goes on the wait list for `announce` (a release wakes
+    /// one waiter of that list, and publishes nothing when it is empty), in the same script:
+    /// one round trip.
     pub(crate) async fn take_or_wait(
         &self,
         names: &Names,
@@ -209,7 +210,7 @@ impl Node {
         let mut cmd = evalsha(&ACQUIRE_OR_WAIT, 3, 4);
         cmd.arg(names.lock())
             .arg(names.fence())
-            .arg(names.waiting())
+            .arg(names.wait_list())
             .arg(owner.as_str())
             .arg(ttl_ms(ttl));
         match fence {
@@ -250,9 +251,9 @@ impl Node {
         Ok(token.map_or(Taken::Held, |t| Taken::Granted(Some(FencingToken::new(t)))))
     }
 
-    /// Compare-and-delete, waking waiters on release (only if some announced themselves); in
-    /// fair mode (`fair`: the grace period) also leaves the line, and hands the lock to the
-    /// first live waiter instead of deleting it. True if our grant was there.
+    /// Compare-and-delete, waking one waiter (only if some announced themselves); in fair mode
+    /// (`fair`: the grace period) also leaves the line, and hands the lock to the first live
+    /// waiter instead of deleting it. True if our grant was there.
     pub(crate) async fn release(
         &self,
         names: &Names,
@@ -271,7 +272,7 @@ impl Node {
             let mut cmd = evalsha(&RELEASE, 3, 3);
             cmd.arg(names.lock())
                 .arg(names.channel())
-                .arg(names.waiting());
+                .arg(names.wait_list());
             cmd
         };
         cmd.arg(owner.as_str())

@@ -339,6 +339,18 @@ impl RedlockBackend {
         rx
     }
 
+    /// Takes the waiter `owner` off every node's wait list (a release by its owner value, in
+    /// the fan-out task) after a wait that ended without the lock: no release should spend its
+    /// one wake-up on it. Best effort: an entry left behind expires with the announcement.
+    fn leave_wait_lists(&self, names: Names, owner: Owner) {
+        let names = Arc::new(names);
+        let bound = Duration::from_secs(1);
+        drop(self.spawn_all(bound, bound, |node| {
+            let (names, owner) = (Arc::clone(&names), owner.clone());
+            async move { node.release(&names, &owner, None).await }
+        }));
+    }
+
     /// One Redlock acquisition round; with `announce`, a waiter's: each node that finds the
     /// lock held records that someone waits (for that long), so its release publishes.
     ///
@@ -453,10 +465,14 @@ impl LockBackend for RedlockBackend {
         self.acquire_round(&req, None, None).await.0
     }
 
-    /// Waits on the nodes' release messages: subscribed to the key's channel on every node it
-    /// can reach (the channel single-node Redis uses), each round announces the waiter on the
-    /// nodes that found the key held, and the first message from any node starts the next
-    /// round. A jittered backoff covers a message that never comes.
+    /// Waits on the nodes' release messages: subscribed to its own wake-up channel on every
+    /// node it can reach (as on single-node Redis), each round puts the waiter on the wait
+    /// list of the nodes that found the key held, and the first message from any node starts
+    /// the next round. A node's release wakes one waiter of its list, the one that asked least
+    /// recently: the nodes' lists fill in the same rounds, so they mostly name the same waiter,
+    /// and a release wakes a handful of waiters at most, never the whole herd (which, woken
+    /// together, split the nodes' votes round after round). A jittered backoff covers a
+    /// message that never comes.
     async fn wait_lock(&self, req: LockRequest<'_>, deadline: Instant) -> Result<Waited, Error> {
         // A free lock is taken by one plain round, with no subscription: subscribing on every
         // node first made each uncontended acquisition cost about three times as long (the
@@ -467,9 +483,8 @@ impl LockBackend for RedlockBackend {
         if let Some(grant) = first? {
             return Ok(Waited::new(Some(grant), 1));
         }
-        let channel = names(&self.inner.config.prefix, req.key)
-            .channel()
-            .to_string();
+        let names = names(&self.inner.config.prefix, req.key);
+        let channel = names.waiter_channel(req.owner);
         let per_node = self.node_timeout(req.ttl);
         // A node that cannot subscribe now only wakes us late (by the backoff): left out.
         let subs: Vec<Subscription> = join_all(self.inner.nodes.iter().zip(&self.inner.hubs).map(
@@ -486,7 +501,6 @@ impl LockBackend for RedlockBackend {
             &subs,
             deadline,
             |a| WAIT_BACKOFF.delay(a),
-            None,
             |started| {
                 let attempt = LockRequest::new(req.key, req.owner, req.ttl, started, req.monitor);
                 let previous = &previous;
@@ -503,6 +517,9 @@ impl LockBackend for RedlockBackend {
             },
         )
         .await?;
+        if waited.grant.is_none() {
+            self.leave_wait_lists(names, req.owner.clone());
+        }
         Ok(Waited::new(waited.grant, waited.attempts + 1))
     }
 

@@ -93,76 +93,102 @@ return false
 });
 
 /// A waiting acquire (plain mode, single node and Redlock). `KEYS[1]` lock, `KEYS[2]` fence
-/// counter, `KEYS[3]` waiting marker; `ARGV[1]` owner, `ARGV[2]` ttl in ms, `ARGV[3]` `-` for
-/// no fencing token, else the fence counter's expiry (as in [`ACQUIRE_FENCED`]), `ARGV[4]` how
-/// long (ms) the marker lives.
+/// counter, `KEYS[3]` wait list (zset: owner value → server time in ms until which the waiter
+/// counts as alive); `ARGV[1]` owner, `ARGV[2]` ttl in ms, `ARGV[3]` `-` for no fencing token,
+/// else the fence counter's expiry (as in [`ACQUIRE_FENCED`]), `ARGV[4]` how long (ms) the
+/// waiter counts as alive without asking again.
 ///
-/// Sets the lock if absent and returns the next fencing token (0 unfenced); else announces the
-/// waiter (sets the marker, in the same atomic step as the failed attempt, so a release that
-/// follows always sees it) and returns nil.
+/// Sets the lock if absent, takes us off the wait list and returns the next fencing token (0
+/// unfenced); else announces the waiter (puts it on the wait list, in the same atomic step as
+/// the failed attempt, so a release that follows always sees it) and returns nil.
 pub(crate) static ACQUIRE_OR_WAIT: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         "{NEXT_TOKEN_FN}
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  redis.call('ZREM', KEYS[3], ARGV[1])
   if ARGV[3] == '-' then
     return 0
   end
   return next_token(KEYS[2], ARGV[3])
 end
-redis.call('SET', KEYS[3], '1', 'PX', ARGV[4])
+{NOW_FN}
+redis.call('ZADD', KEYS[3], now() + tonumber(ARGV[4]), ARGV[1])
+redis.call('PEXPIRE', KEYS[3], ARGV[4])
 return false
 "
     ))
 });
 
-/// `KEYS[1]` lock, `KEYS[2]` wake-up channel, `KEYS[3]` waiting marker (plain mode: the marker
-/// [`ACQUIRE_OR_WAIT`] sets; fair mode: the waiters set), and in fair mode only `KEYS[4]` fair
-/// queue; `ARGV[1]` owner, `ARGV[2]` `S` to publish on the sharded channel (Redis Cluster: the
-/// channel lives on the lock's slot), `ARGV[3]` `F` in fair mode (also leave the line, if
-/// queued), and in fair mode `ARGV[4]` the grace period in ms.
+/// Lua: `now()`, the server's time in ms (`TIME`): waiters' liveness never depends on a
+/// client clock.
+const NOW_FN: &str = r"local function now()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end";
+
+/// `KEYS[1]` lock, `KEYS[2]` wake-up channels' common part, `KEYS[3]` waiters (plain mode: the
+/// wait list [`ACQUIRE_OR_WAIT`] keeps; fair mode: the waiters set), and in fair mode only
+/// `KEYS[4]` fair queue; `ARGV[1]` owner, `ARGV[2]` `S` to publish on the sharded channel
+/// (Redis Cluster: the channel lives on the lock's slot), `ARGV[3]` `F` in fair mode (also
+/// leave the line, if queued: a cancelled waiter is cleaned up by this release), and in fair
+/// mode `ARGV[4]` the grace period in ms.
+///
+/// A release of a lock we do not hold is a waiter that gives up (or whose acquisition was
+/// cancelled): it leaves the fair line or the wait list, so that no release hands it the lock
+/// or spends its one wake-up on it; a holder is never on either (its grant took it off).
 ///
 /// Only if the lock holds our owner value: in fair mode, hands it to the first waiter in line
 /// still alive (sets it to that waiter's owner value for the grace period, in which the waiter
-/// claims it with [`ACQUIRE_FAIR`]) and publishes that owner value, so only that waiter needs
-/// to act; else deletes it and wakes waiters, if any announced themselves: with nobody
-/// waiting, a release publishes nothing. 1 if it held our value, else 0.
+/// claims it with [`ACQUIRE_FAIR`]) and wakes that waiter alone; else deletes it and, if some
+/// waiter is alive on the wait list, wakes the one that asked least recently and takes it off
+/// the list (it asks again, and so goes back on, if another took the lock first). One waiter
+/// per release: no herd of attempts, however many wait. With nobody waiting, a release
+/// publishes nothing. 1 if it held our value, else 0.
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r"{WAKE_FN}
-if ARGV[3] == 'F' then
+{NOW_FN}
+local fair = ARGV[3] == 'F'
+if fair then
   if redis.call('ZREM', KEYS[3], ARGV[1]) == 1 then
     redis.call('LREM', KEYS[4], 1, ARGV[1])
   end
 end
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  if not fair then
+    redis.call('ZREM', KEYS[3], ARGV[1])
+  end
   return 0
 end
-if ARGV[3] == 'F' and redis.call('EXISTS', KEYS[4]) == 1 then
-  local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if fair and redis.call('EXISTS', KEYS[4]) == 1 then
+  local t = now()
   while true do
     local head = redis.call('LPOP', KEYS[4])
     if not head then break end
     local alive = redis.call('ZSCORE', KEYS[3], head)
-    if alive and tonumber(alive) > now then
+    if alive and tonumber(alive) > t then
       redis.call('SET', KEYS[1], head, 'PX', ARGV[4])
-      wake(KEYS[2], head, ARGV[2])
+      wake(KEYS[2] .. ':' .. head, head, ARGV[2])
       return 1
     end
     redis.call('ZREM', KEYS[3], head)
   end
 end
 redis.call('DEL', KEYS[1])
-if redis.call('EXISTS', KEYS[3]) == 1 then
-  wake(KEYS[2], ARGV[1], ARGV[2])
+if (not fair) and redis.call('EXISTS', KEYS[3]) == 1 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now())
+  local w = redis.call('ZPOPMIN', KEYS[3])
+  if w[1] then
+    wake(KEYS[2] .. ':' .. w[1], w[1], ARGV[2])
+  end
 end
 return 1
 "
     ))
 });
 
-/// Lua: `wake(channel, owner, mode)` publishes `owner` on the wake-up `channel`, on the sharded
-/// channel when `mode` is `S` (Redis Cluster: the channel lives on the key's slot).
+/// Lua: `wake(channel, owner, mode)` publishes `owner` on `channel`, on the sharded channel
+/// when `mode` is `S` (Redis Cluster: the channel lives on the key's slot).
 pub(crate) const WAKE_FN: &str = r"local function wake(channel, owner, mode)
   if mode == 'S' then
     redis.call('SPUBLISH', channel, owner)

@@ -31,10 +31,11 @@
 //! As for locks: one server decides, so a failover or a restart without persistence can lose
 //! the set and admit more than N holders; tokens are best effort (the counter goes back with
 //! lost data). Waiters are woken by the release message, with jittered backoff as a fallback
-//! (an expired permit sends no message). Unlike a lock's release, which publishes only while a
-//! waiter has announced itself (`:waiting`), every permit release publishes: a permit cycle
-//! runs a script on the server's clock anyway, and its waiters announce nothing. Renewal re-arms each permit with one script call
-//! (`extend_each`).
+//! (an expired permit sends no message). Unlike a lock's release, which wakes one waiter from
+//! its wait list and publishes nothing when nobody waits, every permit release publishes on
+//! the key's channel and wakes every waiter: a permit cycle runs a script on the server's
+//! clock anyway, and its waiters announce nothing. Renewal re-arms each permit with one script
+//! call (`extend_each`).
 
 use std::sync::Arc;
 use std::sync::LazyLock;
@@ -236,16 +237,10 @@ impl LockBackend for RedisPermits {
         let channel = self.names(req.key).permit_channel().to_string();
         let sub = Subscription::new(&self.node, &self.wake, &channel).await?;
         let pause = |attempts| self.backoff.delay(attempts);
-        wait_on(
-            std::slice::from_ref(&sub),
-            deadline,
-            pause,
-            None,
-            |started| {
-                let attempt = LockRequest::new(req.key, req.owner, req.ttl, started, req.monitor);
-                async move { self.attempt(&attempt).await }
-            },
-        )
+        wait_on(std::slice::from_ref(&sub), deadline, pause, |started| {
+            let attempt = LockRequest::new(req.key, req.owner, req.ttl, started, req.monitor);
+            async move { self.attempt(&attempt).await }
+        })
         .await
     }
 

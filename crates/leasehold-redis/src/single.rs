@@ -223,15 +223,8 @@ impl RedisBackend {
         }
     }
 
-    /// Fair mode: leaves the line after a wait that ended without the lock, in a task, so it
-    /// happens even if nobody awaits it.
-    fn leave_line(&self, key: &LockKey, owner: &leasehold_core::Owner) {
-        if self.inner.config.fair.is_some() {
-            self.give_back(key, owner);
-        }
-    }
-
-    /// Releases `owner`'s grant (or place in the fair line) on `key` in a task.
+    /// Releases `owner`'s grant (or place in the fair line or on the wait list) on `key` in a
+    /// task.
     fn give_back(&self, key: &LockKey, owner: &leasehold_core::Owner) {
         let fair = self.inner.config.fair;
         let (node, names, owner) = (Arc::clone(&self.inner.node), self.names(key), owner.clone());
@@ -348,35 +341,27 @@ impl LockBackend for RedisBackend {
             return Ok(Waited::new(None, 0));
         };
         let names = self.names(req.key);
-        let sub = Subscription::new(
-            &self.inner.node,
-            &self.inner.wake,
-            &names.channel().to_string(),
-        )
-        .await?;
-        // Woken by the release message, or after a jittered backoff in case a message was
-        // lost. In fair mode the backoff also keeps our place in line: we ask again well
-        // within the grace period, and a release message names the waiter it handed the lock
-        // to: only that one acts on it.
+        let channel = names.waiter_channel(req.owner);
+        let sub = Subscription::new(&self.inner.node, &self.inner.wake, &channel).await?;
+        // Woken by a release message on our own channel (a release wakes one waiter: the one
+        // it handed the lock to in fair mode, else the one that asked least recently), or
+        // after a jittered backoff in case a message was lost or went to a waiter that left.
+        // In fair mode the backoff also keeps our place in line: we ask again well within the
+        // grace period.
         let config = &self.inner.config;
         let pause = |attempts| match config.fair {
             Some(grace) => config.wait_backoff.delay(attempts).min(grace / 3),
             None => config.wait_backoff.delay(attempts),
         };
-        let only_for = config.fair.map(|_| req.owner.as_str());
-        let waited = wait_on(
-            std::slice::from_ref(&sub),
-            deadline,
-            pause,
-            only_for,
-            |started| {
-                let attempt = LockRequest::new(req.key, req.owner, req.ttl, started, req.monitor);
-                async move { self.attempt(&attempt, true).await }
-            },
-        )
+        let waited = wait_on(std::slice::from_ref(&sub), deadline, pause, |started| {
+            let attempt = LockRequest::new(req.key, req.owner, req.ttl, started, req.monitor);
+            async move { self.attempt(&attempt, true).await }
+        })
         .await?;
+        // Ended without the lock: off the fair line or the wait list, so that no release hands
+        // the lock to a waiter that left, or spends its one wake-up on it.
         if waited.grant.is_none() {
-            self.leave_line(req.key, req.owner);
+            self.give_back(req.key, req.owner);
         }
         Ok(waited)
     }

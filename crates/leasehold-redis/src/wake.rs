@@ -1,7 +1,8 @@
 //! Release wake-ups: the RESP3 pushes of a node's shared connection routed to the tasks that
 //! wait on a channel, and one subscription per channel for as long as some local task waits on
-//! it (locks, elections and semaphores). The single-node backend keeps one hub; Redlock one per
-//! node.
+//! it. A lock's (or election's) waiter listens on a channel of its own (`…:released:<owner>`),
+//! on which a release that chose it as the one waiter to wake publishes; a semaphore's waiters
+//! share their key's channel. The single-node backend keeps one hub; Redlock one per node.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -31,26 +32,11 @@ pub(crate) struct WakeHub {
 #[derive(Default)]
 pub(crate) struct Channel {
     notify: Notify,
-    /// The last message (its payload), set before its waiters are woken; `None` after a
-    /// disconnection (a message may have been missed: it concerns everyone).
-    last: Mutex<Option<Vec<u8>>>,
     /// Guarded by the hub's map lock.
     refs: std::sync::atomic::AtomicUsize,
     /// Serialises SUBSCRIBE and UNSUBSCRIBE of this channel, so an unsubscribe left over from
     /// the previous waiter can never overtake the next waiter's subscribe.
     subscribed: tokio::sync::Mutex<bool>,
-}
-
-impl Channel {
-    fn last(&self) -> std::sync::MutexGuard<'_, Option<Vec<u8>>> {
-        self.last.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Whether the last message may concern the waiter `owner`: it named `owner`, or named
-    /// nobody in particular (a disconnection).
-    fn last_names(&self, owner: &str) -> bool {
-        self.last().as_deref().is_none_or(|p| p == owner.as_bytes())
-    }
 }
 
 impl WakeHub {
@@ -72,17 +58,12 @@ impl WakeHub {
                     && let Ok(channel) = std::str::from_utf8(channel)
                     && let Some(c) = self.lock().get(channel)
                 {
-                    *c.last() = match push.data.get(1) {
-                        Some(Value::BulkString(p)) => Some(p.clone()),
-                        _ => None,
-                    };
                     c.notify.notify_waiters();
                 }
             }
             // The connection dropped: a release may have been missed; let everyone look again.
             PushKind::Disconnection => {
                 for c in self.lock().values() {
-                    *c.last() = None;
                     c.notify.notify_waiters();
                 }
             }
@@ -177,15 +158,11 @@ impl Drop for Subscription {
 /// Runs `attempt` (given the instant it starts) until it grants or `deadline` passes, and
 /// between attempts waits for a release message on any of `subs` or `pause(attempts)`,
 /// whichever comes first: a message can be lost across a reconnect, and a holder that expires
-/// instead of releasing sends none. With `only_for` (fair mode: a release names the waiter it
-/// handed the lock to), a message naming another owner does not end the pause, so only the
-/// waiter named acts on it: no herd of attempts per release. At the deadline: no grant, with
-/// the attempts.
+/// instead of releasing sends none. At the deadline: no grant, with the attempts.
 pub(crate) async fn wait_on<F, Fut>(
     subs: &[Subscription],
     deadline: Instant,
     pause: impl Fn(u32) -> Duration,
-    only_for: Option<&str>,
     mut attempt: F,
 ) -> Result<Waited, Error>
 where
@@ -205,20 +182,9 @@ where
             return Ok(Waited::new(None, attempts));
         }
         let until = (now + pause(attempts).max(Duration::from_millis(1))).min(deadline);
-        let for_us = || only_for.is_none_or(|o| subs.iter().any(|s| s.channel.last_names(o)));
-        loop {
-            tokio::select! {
-                () = any(&mut woken) => {}
-                () = tokio::time::sleep_until(until) => break,
-            }
-            if for_us() {
-                break;
-            }
-            woken = armed(subs);
-            // A message for us that came before we listened again is in `last`.
-            if for_us() {
-                break;
-            }
+        tokio::select! {
+            () = any(&mut woken) => {}
+            () = tokio::time::sleep_until(until) => {}
         }
     }
 }

@@ -120,9 +120,10 @@ async fn redlock_refuses_elections_with_a_reason() {
 }
 
 /// An election waits as a lock does under the release wake-ups that publish only to announced
-/// waiters: the waiting candidate announces itself under the election's names
-/// (`…:elect:waiting`), and the leader's resignation publishes on `…:elect:released`, so the
-/// candidate, whose fallback backoff is 30 s, leads within seconds.
+/// waiters: the waiting candidate puts itself on the wait list under the election's names
+/// (`…:elect:waitlist`), and the leader's resignation publishes on its channel
+/// (`…:elect:released:<owner>`), so the candidate, whose fallback backoff is 30 s, leads
+/// within seconds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiting_candidate_is_woken_by_the_resignation() {
     use futures_util::StreamExt as _;
@@ -154,7 +155,7 @@ async fn a_waiting_candidate_is_woken_by_the_resignation() {
     let announced = tokio::time::Instant::now() + Duration::from_secs(5);
     loop {
         let n: i64 = redis::cmd("EXISTS")
-            .arg(format!("{prefix}{{job}}:elect:waiting"))
+            .arg(format!("{prefix}{{job}}:elect:waitlist"))
             .query_async(&mut conn)
             .await
             .unwrap_or_else(|e| panic!("{e}"));

@@ -101,6 +101,78 @@ async fn fencing_tokens_increase_per_key_in_one_round_trip() {
     assert_eq!(backend.count_lock_keys("").await.unwrap(), 0);
 }
 
+/// However many wait, a release wakes one waiter: one message, on that waiter's own channel
+/// (no herd of attempts). Each waiter is on its own connection, polling every 30 s, so each
+/// grant within seconds was the work of a release message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_wakes_one_waiter_however_many_wait() {
+    use futures_util::StreamExt as _;
+    const WAITERS: usize = 8;
+    let ep = require_service!(Service::Redis);
+    let prefix = common::prefix("herd");
+    let holder = common::locker(common::redis(ep.url(), &prefix).await);
+    let mut messages = common::messages(ep.url(), &format!("{prefix}{{k}}:released")).await;
+    let raw = redis::Client::open(ep.url()).unwrap();
+    let mut conn = raw.get_multiplexed_async_connection().await.unwrap();
+    let lease = holder.try_acquire("k").await.unwrap().expect("free");
+    let (done_tx, mut done) = tokio::sync::mpsc::unbounded_channel();
+    let mut tasks = Vec::new();
+    for i in 0..WAITERS {
+        let w = slow_polling(ep.url(), &prefix).await;
+        let done_tx = done_tx.clone();
+        // Each keeps the lock until the test releases it, so each release is watched alone.
+        tasks.push(Some(tokio::spawn(async move {
+            let l = w.acquire("k", Duration::from_secs(60)).await.unwrap();
+            done_tx.send(i).unwrap();
+            l
+        })));
+    }
+    let listed = Instant::now() + Duration::from_secs(10);
+    loop {
+        let n: usize = redis::cmd("ZCARD")
+            .arg(format!("{prefix}{{k}}:waitlist"))
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        if n == WAITERS {
+            break;
+        }
+        assert!(
+            Instant::now() < listed,
+            "{n} of {WAITERS} waiters on the list"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut current = lease;
+    let mut woken = std::collections::HashSet::new();
+    for handoff in 0..WAITERS {
+        assert!(current.release().await.unwrap());
+        let msg = tokio::time::timeout(Duration::from_secs(5), messages.next())
+            .await
+            .unwrap_or_else(|_| panic!("handoff {handoff}: no wake-up published"))
+            .unwrap();
+        let channel = msg.get_channel_name().to_owned();
+        assert!(
+            channel.starts_with(&format!("{prefix}{{k}}:released:")),
+            "woke on {channel}"
+        );
+        assert!(woken.insert(channel.clone()), "{channel} woken twice");
+        let i = tokio::time::timeout(Duration::from_secs(10), done.recv())
+            .await
+            .unwrap_or_else(|_| panic!("handoff {handoff}: the woken waiter never took the lock"))
+            .unwrap();
+        // That release published once: the other waiters heard nothing.
+        let more = tokio::time::timeout(Duration::from_millis(200), messages.next()).await;
+        assert!(
+            more.is_err(),
+            "handoff {handoff}: a second wake-up for one release"
+        );
+        let task = tasks[i].take().expect("each waiter is granted once");
+        current = task.await.unwrap();
+    }
+    assert!(current.release().await.unwrap());
+}
+
 async fn slow_polling(url: &str, prefix: &str) -> leasehold_core::Locker {
     common::locker(common::redis_slow_fallback(url, prefix).await)
 }

@@ -49,10 +49,10 @@ impl Count {
 }
 
 /// How the Redis backend's keys that carry a TTL but are no lock end: a semaphore's limit
-/// (`<prefix>{<key>}:sem:limit`, it expires with its last permit) and a waiter's announcement
-/// (`<prefix>{<key>}:waiting`, it expires seconds after the last waiter asked). A lock's name
+/// (`<prefix>{<key>}:sem:limit`, it expires with its last permit) and the waiters' list
+/// (`<prefix>{<key>}:waitlist`, it expires seconds after the last waiter asked). A lock's name
 /// always ends with `}`.
-const REDIS_NOT_LOCKS: [&str; 2] = [":sem:limit", ":waiting"];
+const REDIS_NOT_LOCKS: [&str; 2] = [":sem:limit", ":waitlist"];
 
 /// Whether a Redis key with a TTL is no grant (see [`REDIS_NOT_LOCKS`]).
 fn redis_not_lock(key: &str) -> bool {
@@ -161,11 +161,11 @@ mod tests {
     /// key) and permits are.
     #[test]
     fn redis_waiting_markers_are_not_counted_as_held() {
-        assert!(redis_not_lock("lh-perf:{u}:waiting"));
-        assert!(redis_not_lock("lh-perf:{u}:elect:waiting"));
+        assert!(redis_not_lock("lh-perf:{u}:waitlist"));
+        assert!(redis_not_lock("lh-perf:{u}:elect:waitlist"));
         assert!(redis_not_lock("lh-perf:{u}:sem:limit"));
         assert!(!redis_not_lock("lh-perf:{u}"));
-        assert!(!redis_not_lock("lh-perf:{u}:waiting}"));
+        assert!(!redis_not_lock("lh-perf:{u}:waitlist}"));
         assert!(!redis_not_lock("lh-perf:{u}:sem"));
     }
 }

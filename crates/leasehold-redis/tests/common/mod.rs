@@ -65,7 +65,8 @@ pub(crate) async fn redis_slow_fallback(url: &str, prefix: &str) -> RedisBackend
         .unwrap_or_else(|e| panic!("connect: {e}"))
 }
 
-/// The messages published on `channel` of the server at `url`, from now on.
+/// The messages published on `channel`, or on any channel whose name begins with it (a lock's
+/// waiters each have their own, `<channel>:<owner>`), of the server at `url`, from now on.
 pub(crate) async fn messages(
     url: &str,
     channel: &str,
@@ -75,7 +76,7 @@ pub(crate) async fn messages(
         .get_async_pubsub()
         .await
         .unwrap_or_else(|e| panic!("pubsub: {e}"));
-    sub.subscribe(channel)
+    sub.psubscribe(format!("{channel}*"))
         .await
         .unwrap_or_else(|e| panic!("subscribe: {e}"));
     sub.into_on_message()
