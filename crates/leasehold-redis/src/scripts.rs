@@ -111,20 +111,14 @@ if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   end
   return next_token(KEYS[2], ARGV[3])
 end
-{NOW_FN}
-redis.call('ZADD', KEYS[3], now() + tonumber(ARGV[4]), ARGV[1])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZADD', KEYS[3], now + tonumber(ARGV[4]), ARGV[1])
 redis.call('PEXPIRE', KEYS[3], ARGV[4])
 return false
 "
     ))
 });
-
-/// Lua: `now()`, the server's time in ms (`TIME`): waiters' liveness never depends on a
-/// client clock.
-const NOW_FN: &str = r"local function now()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end";
 
 /// `KEYS[1]` lock, `KEYS[2]` wake-up channels' common part, `KEYS[3]` waiters (plain mode: the
 /// wait list [`ACQUIRE_OR_WAIT`] keeps; fair mode: the waiters set), and in fair mode only
@@ -145,10 +139,9 @@ end";
 /// per release: no herd of attempts, however many wait. With nobody waiting, a release
 /// publishes nothing. 1 if it held our value, else 0.
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(&format!(
-        r"{WAKE_FN}
-{NOW_FN}
-local fair = ARGV[3] == 'F'
+    // No local functions: each would cost a closure per call on the uncontended path.
+    Script::new(
+        r"local fair = ARGV[3] == 'F'
 if fair then
   if redis.call('ZREM', KEYS[3], ARGV[1]) == 1 then
     redis.call('LREM', KEYS[4], 1, ARGV[1])
@@ -160,31 +153,42 @@ if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   end
   return 0
 end
+local woken = false
 if fair and redis.call('EXISTS', KEYS[4]) == 1 then
-  local t = now()
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   while true do
     local head = redis.call('LPOP', KEYS[4])
     if not head then break end
     local alive = redis.call('ZSCORE', KEYS[3], head)
-    if alive and tonumber(alive) > t then
+    if alive and tonumber(alive) > now then
       redis.call('SET', KEYS[1], head, 'PX', ARGV[4])
-      wake(KEYS[2] .. ':' .. head, head, ARGV[2])
-      return 1
+      woken = head
+      break
     end
     redis.call('ZREM', KEYS[3], head)
   end
 end
-redis.call('DEL', KEYS[1])
-if (not fair) and redis.call('EXISTS', KEYS[3]) == 1 then
-  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now())
-  local w = redis.call('ZPOPMIN', KEYS[3])
-  if w[1] then
-    wake(KEYS[2] .. ':' .. w[1], w[1], ARGV[2])
+if not woken then
+  redis.call('DEL', KEYS[1])
+  if (not fair) and redis.call('EXISTS', KEYS[3]) == 1 then
+    local t = redis.call('TIME')
+    local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
+    woken = redis.call('ZPOPMIN', KEYS[3])[1]
+  end
+end
+if woken then
+  local channel = KEYS[2] .. ':' .. woken
+  if ARGV[2] == 'S' then
+    redis.call('SPUBLISH', channel, woken)
+  else
+    redis.call('PUBLISH', channel, woken)
   end
 end
 return 1
-"
-    ))
+",
+    )
 });
 
 /// Lua: `wake(channel, owner, mode)` publishes `owner` on `channel`, on the sharded channel
