@@ -58,8 +58,7 @@ if cur == ARGV[1] then
   redis.call('ZREM', KEYS[4], ARGV[1])
   return next_token(KEYS[2], ARGV[5])
 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+{NOW_MS}
 if not cur then
   while true do
     local head = redis.call('LINDEX', KEYS[3], 0)
@@ -111,8 +110,7 @@ if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   end
   return next_token(KEYS[2], ARGV[3])
 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+{NOW_MS}
 redis.call('ZADD', KEYS[3], now + tonumber(ARGV[4]), ARGV[1])
 redis.call('PEXPIRE', KEYS[3], ARGV[4])
 return false
@@ -140,7 +138,7 @@ return false
 /// publishes nothing. 1 if it held our value, else 0.
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
     // No local functions: each would cost a closure per call on the uncontended path.
-    Script::new(
+    Script::new(&format!(
         r"local fair = ARGV[3] == 'F'
 if fair then
   if redis.call('ZREM', KEYS[3], ARGV[1]) == 1 then
@@ -155,8 +153,7 @@ if redis.call('GET', KEYS[1]) ~= ARGV[1] then
 end
 local woken = false
 if fair and redis.call('EXISTS', KEYS[4]) == 1 then
-  local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  {NOW_MS}
   while true do
     local head = redis.call('LPOP', KEYS[4])
     if not head then break end
@@ -172,8 +169,7 @@ end
 if not woken then
   redis.call('DEL', KEYS[1])
   if (not fair) and redis.call('EXISTS', KEYS[3]) == 1 then
-    local t = redis.call('TIME')
-    local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    {NOW_MS}
     redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
     woken = redis.call('ZPOPMIN', KEYS[3])[1]
   end
@@ -187,20 +183,15 @@ if woken then
   end
 end
 return 1
-",
-    )
+"
+    ))
 });
 
-/// Lua: `wake(channel, owner, mode)` publishes `owner` on `channel`, on the sharded channel
-/// when `mode` is `S` (Redis Cluster: the channel lives on the key's slot).
-pub(crate) const WAKE_FN: &str = r"local function wake(channel, owner, mode)
-  if mode == 'S' then
-    redis.call('SPUBLISH', channel, owner)
-  else
-    redis.call('PUBLISH', channel, owner)
-  end
-end
-";
+/// Lua: `local now`, the server's time in ms (`TIME`), never a client clock. Spliced into a
+/// script as text rather than defined as a function: a local function costs a closure at
+/// every call.
+pub(crate) const NOW_MS: &str = "local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)";
 
 /// `KEYS[1..n]` locks; `ARGV[1]` the ttl in ms they are all re-armed for, then the owner of
 /// lock `i` in `ARGV[i+1]`.

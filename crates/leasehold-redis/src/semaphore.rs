@@ -51,13 +51,22 @@ use tokio::time::Instant;
 
 use crate::keys::Names;
 use crate::node::{Node, evalsha, names, ttl_ms};
-use crate::scripts::WAKE_FN;
+use crate::scripts::NOW_MS;
 use crate::wake::{Subscription, WakeHub, wait_on};
 
-/// The server time in ms, and the sweep of expired permits from `KEYS[1]`.
-const NOW_AND_SWEEP: &str = r"local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+/// Lua: `wake(channel, owner, mode)` publishes `owner` on `channel`, on the sharded channel
+/// when `mode` is `S` (Redis Cluster: the channel lives on the key's slot).
+const WAKE_FN: &str = r"local function wake(channel, owner, mode)
+  if mode == 'S' then
+    redis.call('SPUBLISH', channel, owner)
+  else
+    redis.call('PUBLISH', channel, owner)
+  end
+end
+";
+
+/// The sweep of expired permits from `KEYS[1]`, after [`NOW_MS`].
+const SWEEP: &str = r"redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 ";
 
 /// Re-arms the expiry of the set `KEYS[1]` and the limit `KEYS[2]` to the latest permit's.
@@ -75,7 +84,8 @@ end
 /// `{-1, stored}` when live permits were taken with another limit.
 static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
-        r"{NOW_AND_SWEEP}{REARM_FN}
+        r"{NOW_MS}
+{SWEEP}{REARM_FN}
 local n = redis.call('ZCARD', KEYS[1])
 local stored = redis.call('GET', KEYS[2])
 if n > 0 and stored and stored ~= ARGV[3] then
@@ -96,7 +106,8 @@ return {{1, redis.call('INCR', KEYS[3])}}
 /// permit if it is live: 1, else 0.
 static EXTEND: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
-        r"{NOW_AND_SWEEP}{REARM_FN}
+        r"{NOW_MS}
+{SWEEP}{REARM_FN}
 if not redis.call('ZSCORE', KEYS[1], ARGV[1]) then
   return 0
 end
@@ -111,7 +122,8 @@ return 1
 /// the sharded channel. Removes our permit and wakes waiters: 1 if it was live, else 0.
 static RELEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
-        r"{NOW_AND_SWEEP}{WAKE_FN}
+        r"{NOW_MS}
+{SWEEP}{WAKE_FN}
 if redis.call('ZREM', KEYS[1], ARGV[1]) == 0 then
   return 0
 end
@@ -123,18 +135,17 @@ return 1
 
 /// `KEYS[1]` holders. The live permits, oldest expiry first: owner, ms left, owner, ms left…
 static HOLDERS: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local out = {}
+    Script::new(&format!(
+        r"{NOW_MS}
+local out = {{}}
 local live = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf', 'WITHSCORES')
 for i = 1, #live, 2 do
   out[i] = live[i]
   out[i + 1] = tostring(tonumber(live[i + 1]) - now)
 end
 return out
-",
-    )
+"
+    ))
 });
 
 /// Single-node Redis's (and Redis Cluster's) permit view: see the [module docs](self).
