@@ -167,9 +167,11 @@
 //! Acquire is one round trip: `SET key owner NX PX ttl` and `INCR` of the fence counter,
 //! pipelined (plain commands cost the server far less than a script; why the tokens still follow
 //! the order of grants is said at `Node::take`; a Redis Cluster, or a counter with
-//! `fence_ttl_ms`, runs them as one Lua script). A
-//! waiting attempt is one script that also announces the waiter (the `:waitlist`, or the fair
-//! line) when the lock is held. Release is compare-and-delete, and, only if some waiter is on
+//! `fence_ttl_ms`, runs them as one Lua script). An
+//! `acquire` that finds the lock free costs the same one round trip (in fair mode, a script that
+//! also yields to a line); only one that finds it held subscribes to its wake-up channel, and
+//! its waiting attempts are one script each that also announces the waiter (the `:waitlist`,
+//! or the fair line) when the lock is held. Release is compare-and-delete, and, only if some waiter is on
 //! the wait list, a `PUBLISH` to one of them (the one that asked least recently, taken off the
 //! list: it asks again if another took the lock first); however many wait, a release wakes one,
 //! so handing the lock on costs the same with 64 waiters as with one (`leasehold-bench perf

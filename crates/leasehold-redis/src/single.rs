@@ -175,33 +175,33 @@ impl RedisBackend {
         (&self.inner.node, &self.inner.wake)
     }
 
-    /// One attempt; `enqueue` (a waiting attempt) announces the waiter, in fair mode by joining
-    /// the line (or refreshing our place in it, or claiming the lock a release handed us).
-    async fn attempt(&self, req: &LockRequest<'_>, enqueue: bool) -> Result<Option<Grant>, Error> {
+    /// One attempt; see [`Attempt`].
+    async fn attempt(&self, req: &LockRequest<'_>, how: Attempt) -> Result<Option<Grant>, Error> {
         let names = self.names(req.key);
         let fence = FenceExpiry(self.inner.config.fence_ttl);
-        let taken = match self.inner.config.fair {
-            Some(grace) if enqueue => {
-                self.inner
-                    .node
-                    .take_fair(&names, req.owner, req.ttl, enqueue, grace, fence)
+        let node = &self.inner.node;
+        let taken = match (self.inner.config.fair, how) {
+            // A try (the uncontended path) is a plain `SET NX`, in fair mode too: a release
+            // hands a lock with a line to its head, so a free lock has no line to jump (unless
+            // its holder let it expire).
+            (_, Attempt::Try) | (None, Attempt::First) => {
+                node.take(&names, req.owner, req.ttl, Some(fence)).await?
+            }
+            // Fair mode, a wait's first attempt: a free lock only if nobody is in line (the
+            // one case a try cannot see), without joining the line yet.
+            (Some(grace), Attempt::First) => {
+                node.take_fair(&names, req.owner, req.ttl, false, grace, fence)
+                    .await?
+            }
+            (Some(grace), Attempt::Announce) => {
+                node.take_fair(&names, req.owner, req.ttl, true, grace, fence)
                     .await?
             }
             // A waiting attempt announces the waiter when the lock is held, so the release
-            // wakes it; a try (the uncontended path) is a plain `SET NX`, in fair mode too: a
-            // release hands a lock with a line to its head, so a free lock has no line to jump
-            // (unless its holder let it expire).
-            None if enqueue => {
+            // wakes it.
+            (None, Attempt::Announce) => {
                 let announce = self.inner.config.wait_backoff.max * 2 + ANNOUNCE_SLACK;
-                self.inner
-                    .node
-                    .take_or_wait(&names, req.owner, req.ttl, Some(fence), announce)
-                    .await?
-            }
-            _ => {
-                self.inner
-                    .node
-                    .take(&names, req.owner, req.ttl, Some(fence))
+                node.take_or_wait(&names, req.owner, req.ttl, Some(fence), announce)
                     .await?
             }
         };
@@ -274,6 +274,19 @@ impl RedisBackend {
 }
 
 /// Removes a key's local queue when its last waiter leaves, even if the wait was cancelled.
+/// What an attempt does besides taking a free lock.
+#[derive(Clone, Copy)]
+enum Attempt {
+    /// Nothing: `try_lock`.
+    Try,
+    /// A wait's first attempt, before it subscribes: nothing in plain mode; in fair mode it
+    /// also yields to a line.
+    First,
+    /// A waiting attempt after subscribing: announces the waiter when the lock is held (fair
+    /// mode: joins the line, refreshes its place, or claims the lock a release handed it).
+    Announce,
+}
+
 struct QueueGuard<'a> {
     backend: &'a RedisBackend,
     key: &'a LockKey,
@@ -323,7 +336,7 @@ impl LockBackend for RedisBackend {
     }
 
     async fn try_lock(&self, req: LockRequest<'_>) -> Result<Option<Grant>, Error> {
-        self.attempt(&req, false).await
+        self.attempt(&req, Attempt::Try).await
     }
 
     async fn wait_lock(&self, req: LockRequest<'_>, deadline: Instant) -> Result<Waited, Error> {
@@ -340,6 +353,16 @@ impl LockBackend for RedisBackend {
         let Ok(_turn) = tokio::time::timeout_at(deadline, q.turn.lock()).await else {
             return Ok(Waited::new(None, 0));
         };
+        // A free lock is taken by one plain attempt, with no subscription: subscribing first
+        // cost every uncontended acquisition two more round trips (`SUBSCRIBE`, and the
+        // `UNSUBSCRIBE` after it). Only a lock found taken is waited for; the wait's first
+        // attempt comes after the subscription, so a release in between is not missed. Not in
+        // the election view: its term is the fence counter, which a plain attempt that finds
+        // the lock held still counts up (see `Node::take`).
+        let first = !self.elect;
+        if first && let Some(grant) = self.attempt(&req, Attempt::First).await? {
+            return Ok(Waited::new(Some(grant), 1));
+        }
         let names = self.names(req.key);
         let channel = names.waiter_channel(req.owner);
         let sub = Subscription::new(&self.inner.node, &self.inner.wake, &channel).await?;
@@ -355,7 +378,7 @@ impl LockBackend for RedisBackend {
         };
         let waited = wait_on(std::slice::from_ref(&sub), deadline, pause, |started| {
             let attempt = LockRequest::new(req.key, req.owner, req.ttl, started, req.monitor);
-            async move { self.attempt(&attempt, true).await }
+            async move { self.attempt(&attempt, Attempt::Announce).await }
         })
         .await?;
         // Ended without the lock: off the fair line or the wait list, so that no release hands
@@ -363,7 +386,10 @@ impl LockBackend for RedisBackend {
         if waited.grant.is_none() {
             self.give_back(req.key, req.owner);
         }
-        Ok(waited)
+        Ok(Waited::new(
+            waited.grant,
+            waited.attempts + u32::from(first),
+        ))
     }
 
     async fn release(&self, held: Held<'_>) -> Result<bool, Error> {

@@ -249,3 +249,92 @@ async fn a_release_publishes_only_when_someone_waits() {
     let got = w.await.unwrap().unwrap();
     assert!(got.release().await.unwrap());
 }
+
+/// An `acquire` that finds the lock free takes it in one attempt, with no subscription (in
+/// either mode); one that finds it held subscribes to its wake-up channel. Watched with
+/// `MONITOR`, filtered to this test's names (other tests share the server).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_an_acquire_that_finds_the_lock_held_subscribes() {
+    use futures_util::StreamExt as _;
+    let ep = require_service!(Service::Redis);
+    for fair in [false, true] {
+        let prefix = common::prefix(if fair { "nosub-fair" } else { "nosub" });
+        let backend = if fair {
+            common::redis_fair(ep.url(), &prefix, Duration::from_secs(2)).await
+        } else {
+            common::redis(ep.url(), &prefix).await
+        };
+        let l = common::locker(backend);
+        let monitor = redis::Client::open(ep.url())
+            .unwrap()
+            .get_async_monitor()
+            .await
+            .unwrap();
+        let mut lines = monitor.into_on_message::<String>();
+        let subscribes = |lines: &[String]| {
+            lines
+                .iter()
+                .filter(|l| l.to_ascii_uppercase().contains("\"SUBSCRIBE\"") && l.contains(&prefix))
+                .count()
+        };
+        let mut seen = Vec::new();
+        let mut drain = async |seen: &mut Vec<String>, marker: &str| {
+            // Until a marker sent after the acquisitions comes by: every command before it.
+            let marker = format!("{prefix}{marker}");
+            let mut c = redis::Client::open(ep.url())
+                .unwrap()
+                .get_multiplexed_async_connection()
+                .await
+                .unwrap();
+            let _: Option<String> = redis::cmd("GET")
+                .arg(&marker)
+                .query_async(&mut c)
+                .await
+                .unwrap();
+            while let Some(line) = tokio::time::timeout(Duration::from_secs(10), lines.next())
+                .await
+                .expect("MONITOR went quiet")
+            {
+                if line.contains(&marker) {
+                    return;
+                }
+                seen.push(line);
+            }
+            panic!("MONITOR ended");
+        };
+
+        for _ in 0..5 {
+            let lease = l.acquire("k", Duration::from_secs(5)).await.unwrap();
+            assert!(lease.release().await.unwrap());
+        }
+        drain(&mut seen, "free").await;
+        assert_eq!(
+            subscribes(&seen),
+            0,
+            "fair: {fair}; an uncontended acquire subscribed"
+        );
+        assert!(
+            seen.iter().any(|l| l.contains(&prefix)),
+            "fair: {fair}; MONITOR saw none of the acquisitions"
+        );
+
+        let holder = l.try_acquire("k").await.unwrap().expect("free");
+        let waiter = common::locker(if fair {
+            common::redis_fair(ep.url(), &prefix, Duration::from_secs(2)).await
+        } else {
+            common::redis(ep.url(), &prefix).await
+        });
+        let w = tokio::spawn(async move { waiter.acquire("k", Duration::from_secs(20)).await });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(holder.release().await.unwrap());
+        let got = w.await.unwrap().unwrap();
+        assert!(got.release().await.unwrap());
+        seen.clear();
+        drain(&mut seen, "held").await;
+        assert_eq!(
+            subscribes(&seen),
+            1,
+            "fair: {fair}; the waiter's subscription"
+        );
+    }
+}
