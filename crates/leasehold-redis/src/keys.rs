@@ -95,15 +95,15 @@ impl Names {
         self.derived(QUEUE)
     }
 
-    /// Fair mode: owner value → server time (ms) until which that waiter counts as alive.
+    /// Owner value → server time (ms) until which that waiter counts as alive (each attempt
+    /// that finds the lock held moves it on), in either mode.
     pub(crate) fn waiters(&self) -> Derived<'_> {
         self.derived(WAITERS)
     }
 
-    /// Plain mode: owner value → server time (ms) until which that waiter counts as alive,
-    /// set by a waiting attempt that found the lock held. A release wakes the one whose score
-    /// is lowest (it asked least recently) and takes it off; with the set empty or gone, a
-    /// release publishes nothing.
+    /// Plain mode: owner value → ticket, set by a waiting attempt that found the lock held
+    /// and kept for the rest of its wait. A release hands the lock to the live waiter with the
+    /// lowest ticket and takes it off; with the set empty or gone, a release publishes nothing.
     pub(crate) fn wait_list(&self) -> Derived<'_> {
         self.derived(WAIT_LIST)
     }

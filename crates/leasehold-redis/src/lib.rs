@@ -8,7 +8,7 @@
 //! |---|---|---|
 //! | safety | one server decides; a failover or a restart without persistence can hand the lock to a second holder | a majority decides; safe only under bounded network delay, process pauses and clock drift |
 //! | fencing token | best effort: a per-key counter, `INCR`ed with each acquisition; it **goes back** if the server loses its data | none (a quorum cannot mint a strictly increasing number without consensus) |
-//! | waiting | a release wakes one waiter (the one that asked least recently) with a message on that waiter's own channel, with jittered backoff as a fallback; waiters of one process queue in order; opt-in [fair mode](#fair-mode) across processes | woken by the release message of any node (each node wakes one waiter of its own wait list), with jittered backoff as a fallback |
+//! | waiting | a release hands the lock to the first waiter on the key's wait list (in the order they came) and wakes it alone, with a message on that waiter's own channel, with jittered backoff as a fallback; waiters of one process queue in order; opt-in [fair mode](#fair-mode) for a strict line | each node hands its lock to the first waiter of its own wait list, ordered alike on every node by the waiter's ticket, and wakes it; jittered backoff as a fallback |
 //! | holder crash | the key expires after its TTL | the keys expire after their TTL |
 //!
 //! Requires Redis ≥ 6 (RESP3: release wake-ups are pushed on the shared connection); a Redis
@@ -63,7 +63,8 @@
 //! | `leasehold:{jobs/nightly}` | the lock: a string holding the owner value, with a TTL |
 //! | `leasehold:{jobs/nightly}:fence` | the fencing counter (single node only; never deleted unless `fence_ttl_ms` is set, so tokens don't restart while the server keeps its data) |
 //! | `leasehold:{jobs/nightly}:released:<owner>` | a waiter's own pub/sub channel: the release that chose it as the waiter to wake publishes there |
-//! | `leasehold:{jobs/nightly}:waitlist` | the waiters (sorted set: owner value → server time in ms until which it counts as alive), each put there for a few seconds by its attempt that found the lock held; a release takes the lowest off and wakes it, and publishes nothing while the list is empty |
+//! | `leasehold:{jobs/nightly}:waitlist` | the wait list (sorted set: owner value → ticket, the server's time in ms when the waiter first found the lock held; on Redlock the client's, the same on every node), put there by a waiting attempt that found the lock held and kept for the rest of its wait; a release takes the first live waiter off and hands it the lock, and publishes nothing while the list is empty |
+//! | `leasehold:{jobs/nightly}:waiters` | the waiters' liveness (sorted set: owner value → server time in ms until which it counts as alive), moved on by each of its attempts; a waiter that stopped asking (it crashed) is passed over |
 //!
 //! The braces are a hash tag: on a Redis Cluster they all share one slot. A key beginning
 //! with `}` would leave that tag empty (Redis Cluster then hashes each name whole, and the lock
@@ -78,7 +79,7 @@
 //!
 //! # What keys leave behind
 //!
-//! A released lock deletes its key; the fair line's keys and the `:waitlist` expire by
+//! A released lock deletes its key; the fair line's keys, the `:waitlist` and `:waiters` expire by
 //! themselves (a waiter that gives up takes itself off at once); the fence counter
 //! `<lock>:fence` stays: **keys must come from a bounded set** (job names, not request ids), or
 //! counters pile up without end (`leasehold-bench perf` measures the bytes one key leaves).
@@ -96,10 +97,16 @@
 //!
 //! With plain `SET NX`, the task that releases a lock usually takes it straight back, and waiters
 //! in other processes can starve for seconds (the benchmark's contention rows measure how
-//! often, and how long).
+//! often, and how long). The default mode already avoids that: a release with waiters hands
+//! the lock to the first of them still alive, in the order they first found it held (sets it to
+//! that waiter's owner value for 250 ms, in which the woken waiter claims it), so neither the
+//! releaser asking again at once nor any newcomer can take it first. What it leaves open: a lock
+//! that nobody was waiting for when it was freed (or that expired, or whose woken waiter did not
+//! claim it in time) goes to whoever asks first, and a waiter that loses the lock that way waits
+//! for the next release.
 //! Within one process, waiters for a key always queue locally and are served in order. Across
 //! processes, [`RedisConfig::with_fair_queue`] (or `?fair_queue_ms=GRACE` in the URL) turns on
-//! a line kept on the server, as Redisson's fair lock does:
+//! a strict line kept on the server, as Redisson's fair lock does:
 //!
 //! - `<lock>:queue` (a list of owner values, in arrival order) and `<lock>:waiters` (a sorted
 //!   set: owner value → server time until which that waiter counts as alive) share the lock's
@@ -171,12 +178,13 @@
 //! `acquire` that finds the lock free costs the same one round trip (in fair mode, a script that
 //! also yields to a line); only one that finds it held subscribes to its wake-up channel, and
 //! its waiting attempts are one script each that also announces the waiter (the `:waitlist`,
-//! or the fair line) when the lock is held. Release is compare-and-delete, and, only if some waiter is on
-//! the wait list, a `PUBLISH` to one of them (the one that asked least recently, taken off the
-//! list: it asks again if another took the lock first); however many wait, a release wakes one,
-//! so handing the lock on costs the same with 64 waiters as with one (`leasehold-bench perf
-//! --groups handoff` measures it). A waiter that vanished without leaving the list (killed)
-//! costs at most one release's wake-up: the others then come by their backoff. Extend is
+//! or the fair line) when the lock is held, and claim a lock a release handed them. Release is
+//! compare-and-delete, or, only if some waiter is on the wait list, a hand-over to the first one
+//! still alive (the lock set to its owner value, which its next attempt claims) and a `PUBLISH`
+//! to it alone; however many wait, a release wakes one, so handing the lock on costs the same
+//! with 64 waiters as with one (`leasehold-bench perf --groups handoff` measures it). A waiter
+//! that vanished without leaving the list (killed) costs at most one release's hand-over (the
+//! lock stays reserved for it 250 ms): the others then come by their backoff. Extend is
 //! compare-and-`PEXPIRE`. Scripts run by SHA and are reloaded on `NOSCRIPT`.
 //! All leases of one backend share one multiplexed, auto-reconnecting connection per server.
 //!
@@ -227,9 +235,16 @@
 //!   pushes on the node's shared connection), puts itself on the wait list of each node that
 //!   finds the key held (the `:waitlist`, as on one server), and starts the next round on the
 //!   first release message from any node, with jittered backoff (50 ms to 1 s) as the
-//!   fallback. Each node's release wakes one waiter of its list; the lists fill in the same
-//!   rounds, so the nodes mostly wake the same waiter, and the waiters never all start a round
-//!   at once (which split the nodes' votes round after round).
+//!   fallback. Each node's release hands its lock to the first waiter of its list and wakes
+//!   it. The lists are ordered by the waiter's ticket, the client's clock when its wait began,
+//!   sent to every node and kept for the whole wait: the nodes order their lists alike (their
+//!   own clocks, or the order in which concurrent rounds reach them, would not), so they hand
+//!   the lock to the same waiter, the releaser asking again at once cannot take it first, and
+//!   the waiters never all start a round at once (which split the nodes' votes round after
+//!   round). Across processes the order follows their clocks: one running S behind moves its
+//!   waiters S ahead. A waiter whose round falls short of a quorum anyway gives its nodes back
+//!   without handing them on (another holds the majority, or the next release decides), and
+//!   keeps its place.
 //! - Nodes connect lazily: a node that is down does not stop the backend, and is used again when
 //!   it returns.
 //!
@@ -262,6 +277,7 @@ mod quorum;
 mod redlock;
 mod renew;
 mod replica;
+mod round;
 mod scripts;
 pub mod semaphore;
 mod sentinel;

@@ -77,6 +77,11 @@ impl ConnectionLike for Conn {
 }
 
 /// A Redis deployment (one server or one cluster) and our connection to it.
+/// Plain mode: how long a lock a release handed to a waiter stays reserved for it (see
+/// [`RELEASE`]). A live waiter claims it within a round trip of the wake-up; a waiter that died
+/// while listed costs the lock this long.
+pub(crate) const HANDOFF: Duration = Duration::from_millis(250);
+
 pub(crate) struct Node {
     connector: Connector,
     /// `host:port` (or the socket path, or the seed list), never with credentials.
@@ -195,10 +200,11 @@ impl Node {
         })
     }
 
-    /// A waiting attempt in plain mode: `SET NX PX` (and with a `fence` the next token), or,
-    /// when the lock is held, the waiter goes on the wait list for `announce` (a release wakes
-    /// one waiter of that list, and publishes nothing when it is empty), in the same script:
-    /// one round trip.
+    /// A waiting attempt in plain mode: `SET NX PX` (and with a `fence` the next token), or
+    /// the claim of a lock a release handed us, or, when the lock is held, the waiter goes on
+    /// the wait list for `announce`, in the order of its `ticket` (`None`: the server's time at
+    /// its first announcement); a release hands the lock to the first waiter of that list, and
+    /// publishes nothing when it is empty. One script: one round trip.
     pub(crate) async fn take_or_wait(
         &self,
         names: &Names,
@@ -206,11 +212,13 @@ impl Node {
         ttl: Duration,
         fence: Option<FenceExpiry>,
         announce: Duration,
+        ticket: Option<u64>,
     ) -> Result<Taken, Error> {
-        let mut cmd = evalsha(&ACQUIRE_OR_WAIT, 3, 4);
+        let mut cmd = evalsha(&ACQUIRE_OR_WAIT, 4, 5);
         cmd.arg(names.lock())
             .arg(names.fence())
             .arg(names.wait_list())
+            .arg(names.waiters())
             .arg(owner.as_str())
             .arg(ttl_ms(ttl));
         match fence {
@@ -218,6 +226,10 @@ impl Node {
             None => cmd.arg("-"),
         };
         cmd.arg(ttl_ms(announce));
+        match ticket {
+            Some(t) => cmd.arg(t),
+            None => cmd.arg("-"),
+        };
         let token: Option<u64> = self.eval(&ACQUIRE_OR_WAIT, &cmd, "acquire").await?;
         Ok(match token {
             None => Taken::Held,
@@ -251,14 +263,30 @@ impl Node {
         Ok(token.map_or(Taken::Held, |t| Taken::Granted(Some(FencingToken::new(t)))))
     }
 
-    /// Compare-and-delete, waking one waiter (only if some announced themselves); in fair mode
-    /// (`fair`: the grace period) also leaves the line, and hands the lock to the first live
-    /// waiter instead of deleting it. True if our grant was there.
+    /// Compare-and-delete, or, if some waiter announced itself, hands the lock to one waiter
+    /// (for [`HANDOFF`], in fair mode for `fair`, the grace period) and wakes it; in fair mode
+    /// also leaves the line. True if our grant was there.
     pub(crate) async fn release(
         &self,
         names: &Names,
         owner: &Owner,
         fair: Option<Duration>,
+    ) -> Result<bool, Error> {
+        self.release_as(names, owner, fair, false).await
+    }
+
+    /// Plain mode: compare-and-delete that hands the lock to no waiter, for a Redlock waiter's
+    /// round short of a quorum (see [`RELEASE`]). True if our grant was there.
+    pub(crate) async fn give_back(&self, names: &Names, owner: &Owner) -> Result<bool, Error> {
+        self.release_as(names, owner, None, true).await
+    }
+
+    async fn release_as(
+        &self,
+        names: &Names,
+        owner: &Owner,
+        fair: Option<Duration>,
+        quiet: bool,
     ) -> Result<bool, Error> {
         // The fair line's names only go along in fair mode (the script reads them only then).
         let mut cmd = if fair.is_some() {
@@ -269,18 +297,21 @@ impl Node {
                 .arg(names.queue());
             cmd
         } else {
-            let mut cmd = evalsha(&RELEASE, 3, 3);
+            let mut cmd = evalsha(&RELEASE, 4, 4);
             cmd.arg(names.lock())
                 .arg(names.channel())
-                .arg(names.wait_list());
+                .arg(names.wait_list())
+                .arg(names.waiters());
             cmd
         };
         cmd.arg(owner.as_str())
             .arg(if self.is_cluster() { "S" } else { "" })
-            .arg(if fair.is_some() { "F" } else { "" });
-        if let Some(grace) = fair {
-            cmd.arg(ttl_ms(grace));
-        }
+            .arg(match (fair, quiet) {
+                (Some(_), _) => "F",
+                (None, true) => "K",
+                (None, false) => "",
+            })
+            .arg(ttl_ms(fair.unwrap_or(HANDOFF)));
         self.eval::<i64>(&RELEASE, &cmd, "release")
             .await
             .map(|n| n == 1)

@@ -1,7 +1,6 @@
 //! [`RedlockBackend`]: the Redlock algorithm over N independent Redis nodes.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -14,7 +13,7 @@ use leasehold_core::{
     LockBackend, LockKey, LockRequest, Owner, SafetyClass, Validity, WaitKind, Waited,
 };
 use redis::aio::ConnectionManagerConfig;
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::config::{REDLOCK as NAME, RedlockConfig};
@@ -22,6 +21,7 @@ use crate::keys::{NameList, Names};
 use crate::node::{Connector, Node, Taken, names};
 use crate::quorum::{Outcome, Tally};
 use crate::renew::{Plan, copy};
+use crate::round::{Announce, GiveBack, Settled};
 use crate::wake::{Subscription, WakeHub, pushes_to, wait_on};
 
 /// What Redlock guarantees and supports: a constant, as
@@ -75,113 +75,6 @@ impl std::fmt::Debug for Inner {
             .field("nodes", &self.nodes)
             .field("config", &self.config)
             .finish()
-    }
-}
-
-/// Per node, whether the give-back of a failed round is settled there (answered, failed, or
-/// timed out): the next round of the same owner value sends its request to a node only after
-/// it, or the give-back could delete what that round takes. One allocation for every node.
-struct Settled {
-    done: Box<[AtomicBool]>,
-    changed: Notify,
-}
-
-impl Settled {
-    fn new(nodes: usize) -> Arc<Self> {
-        Arc::new(Self {
-            done: (0..nodes).map(|_| AtomicBool::new(false)).collect(),
-            changed: Notify::new(),
-        })
-    }
-
-    /// Waits until node `i` is settled.
-    async fn settled(&self, i: usize) {
-        loop {
-            let changed = self.changed.notified();
-            tokio::pin!(changed);
-            // Registered before the check: a `settle` after it wakes this one.
-            changed.as_mut().enable();
-            if self.done.get(i).is_none_or(|f| f.load(Ordering::Acquire)) {
-                return;
-            }
-            changed.await;
-        }
-    }
-
-    fn settle(&self, i: usize) {
-        if let Some(f) = self.done.get(i) {
-            f.store(true, Ordering::Release);
-        }
-        self.changed.notify_waiters();
-    }
-}
-
-/// Marks node `i` settled when dropped: after its give-back, or with the give-back's future
-/// if that is dropped first.
-struct Settle(Arc<Settled>, usize);
-
-impl Drop for Settle {
-    fn drop(&mut self) {
-        self.0.settle(self.1);
-    }
-}
-
-/// What a round that did not keep its grant must give back: every node that did not say "held
-/// by another owner" (a node that granted, failed, timed out or has not answered yet may hold
-/// our key, or get it from a request still on its way). Armed until the round keeps a grant;
-/// dropped armed (a failed round, or the caller's future dropped mid-round), it gives back in a
-/// task.
-///
-/// The round's requests are dropped before the give-back is sent: a request already written to
-/// its node's connection still runs there, and before the give-back, which goes after it on the
-/// same connection; one not written yet is never sent.
-struct GiveBack<'a> {
-    inner: &'a Arc<Inner>,
-    names: &'a Names,
-    owner: &'a Owner,
-    bound: Duration,
-    /// Per node, whether it may hold our key.
-    may_hold: Vec<bool>,
-    armed: bool,
-}
-
-impl GiveBack<'_> {
-    /// Gives back where needed, in a task; per node, when that is settled (`None`: nothing to
-    /// give back anywhere).
-    fn send(&mut self) -> Option<Arc<Settled>> {
-        if !std::mem::take(&mut self.armed) || !self.may_hold.contains(&true) {
-            return None;
-        }
-        let settled = Settled::new(self.may_hold.len());
-        let rt = tokio::runtime::Handle::try_current().ok()?;
-        let (names, owner, bound) = (Arc::new(self.names.clone()), self.owner.clone(), self.bound);
-        let all: FuturesUnordered<_> = self
-            .inner
-            .nodes
-            .iter()
-            .zip(&self.may_hold)
-            .enumerate()
-            .filter_map(|(i, (node, may_hold))| {
-                if !may_hold {
-                    settled.settle(i);
-                    return None;
-                }
-                let done = Settle(Arc::clone(&settled), i);
-                let (node, names, owner) = (Arc::clone(node), Arc::clone(&names), owner.clone());
-                Some(async move {
-                    give_back(&node, &names, &owner, bound).await;
-                    drop(done);
-                })
-            })
-            .collect();
-        drop(rt.spawn(all.for_each(|()| std::future::ready(()))));
-        Some(settled)
-    }
-}
-
-impl Drop for GiveBack<'_> {
-    fn drop(&mut self) {
-        self.send();
     }
 }
 
@@ -352,7 +245,8 @@ impl RedlockBackend {
     }
 
     /// One Redlock acquisition round; with `announce`, a waiter's: each node that finds the
-    /// lock held records that someone waits (for that long), so its release publishes.
+    /// lock held records that someone waits (see [`Announce`]), so its release hands the lock
+    /// on and publishes.
     ///
     /// The requests run in the caller's future, in no task of their own: a round that keeps
     /// its grant drops the requests still unanswered (those already sent still run on their
@@ -367,7 +261,7 @@ impl RedlockBackend {
     async fn acquire_round(
         &self,
         req: &LockRequest<'_>,
-        announce: Option<Duration>,
+        announce: Option<Announce>,
         after: Option<&Settled>,
     ) -> (Result<Option<Grant>, Error>, Option<Arc<Settled>>) {
         let names = names(&self.inner.config.prefix, req.key);
@@ -376,12 +270,13 @@ impl RedlockBackend {
         let bound = Self::release_bound(ttl);
         // Declared before the requests, so that a dropped round drops them first.
         let mut give_back = GiveBack {
-            inner: &self.inner,
+            nodes: &self.inner.nodes,
             names: &names,
             owner,
             bound,
             may_hold: vec![true; self.inner.nodes.len()],
             armed: true,
+            quiet: false,
         };
         let names = &names;
         let mut all: FuturesUnordered<_> = self
@@ -397,7 +292,10 @@ impl RedlockBackend {
                 }
                 let take = async {
                     match announce {
-                        Some(a) => node.take_or_wait(names, owner, ttl, None, a).await,
+                        Some(a) => {
+                            node.take_or_wait(names, owner, ttl, None, ANNOUNCE, Some(a.ticket))
+                                .await
+                        }
                         None => node.take(names, owner, ttl, None).await,
                     }
                 };
@@ -425,6 +323,7 @@ impl RedlockBackend {
             give_back.armed = false;
             return (Ok(Some(Grant::new(req.ttl_validity()))), None);
         }
+        give_back.quiet = announce.is_some() && !quorum;
         let settled = give_back.send();
         if quorum {
             let e = Error::new(
@@ -439,15 +338,6 @@ impl RedlockBackend {
             return (Err(e), settled);
         }
         (tally.no_quorum(&self.inner.nodes, None), settled)
-    }
-}
-
-/// Compare-and-delete on one node, bounded; failures are logged (the key expires by TTL).
-async fn give_back(node: &Node, names: &Names, owner: &Owner, bound: Duration) {
-    match tokio::time::timeout(bound, node.release(names, owner, None)).await {
-        Ok(Ok(_)) => {}
-        Ok(Err(e)) => tracing::debug!(node = %node.name, error = %e, "redlock: give-back failed"),
-        Err(_) => tracing::debug!(node = %node.name, "redlock: give-back timed out"),
     }
 }
 
@@ -468,11 +358,10 @@ impl LockBackend for RedlockBackend {
     /// Waits on the nodes' release messages: subscribed to its own wake-up channel on every
     /// node it can reach (as on single-node Redis), each round puts the waiter on the wait
     /// list of the nodes that found the key held, and the first message from any node starts
-    /// the next round. A node's release wakes one waiter of its list, the one that asked least
-    /// recently: the nodes' lists fill in the same rounds, so they mostly name the same waiter,
-    /// and a release wakes a handful of waiters at most, never the whole herd (which, woken
-    /// together, split the nodes' votes round after round). A jittered backoff covers a
-    /// message that never comes.
+    /// the next round. A node's release hands its lock to the first waiter of its list and
+    /// wakes it; the lists are ordered alike on every node (by the waiter's ticket), so they name the
+    /// same waiter, and a release never wakes the whole herd (which, woken together, split the
+    /// nodes' votes round after round). A jittered backoff covers a message that never comes.
     async fn wait_lock(&self, req: LockRequest<'_>, deadline: Instant) -> Result<Waited, Error> {
         // A free lock is taken by one plain round, with no subscription: subscribing on every
         // node first made each uncontended acquisition cost about three times as long (the
@@ -497,6 +386,7 @@ impl LockBackend for RedlockBackend {
         // Every round of this wait uses the same owner value: each round's request to a node
         // goes after the previous round's give-back there.
         let previous = Mutex::new(settled);
+        let announce = Announce::now();
         let waited = wait_on(
             &subs,
             deadline,
@@ -509,7 +399,7 @@ impl LockBackend for RedlockBackend {
                         &mut *previous.lock().unwrap_or_else(PoisonError::into_inner),
                     );
                     let (result, settled) = self
-                        .acquire_round(&attempt, Some(ANNOUNCE), after.as_deref())
+                        .acquire_round(&attempt, Some(announce), after.as_deref())
                         .await;
                     *previous.lock().unwrap_or_else(PoisonError::into_inner) = settled;
                     result

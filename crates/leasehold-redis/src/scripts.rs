@@ -92,50 +92,71 @@ return false
 });
 
 /// A waiting acquire (plain mode, single node and Redlock). `KEYS[1]` lock, `KEYS[2]` fence
-/// counter, `KEYS[3]` wait list (zset: owner value → server time in ms until which the waiter
-/// counts as alive); `ARGV[1]` owner, `ARGV[2]` ttl in ms, `ARGV[3]` `-` for no fencing token,
-/// else the fence counter's expiry (as in [`ACQUIRE_FENCED`]), `ARGV[4]` how long (ms) the
-/// waiter counts as alive without asking again.
+/// counter, `KEYS[3]` wait list (zset: owner value → ticket, the order in which a release
+/// hands the lock on), `KEYS[4]` waiters (zset: owner value → server time in ms until which the
+/// waiter counts as alive); `ARGV[1]` owner, `ARGV[2]` ttl in ms, `ARGV[3]` `-` for no fencing
+/// token, else the fence counter's expiry (as in [`ACQUIRE_FENCED`]), `ARGV[4]` how long (ms)
+/// the waiter counts as alive without asking again, `ARGV[5]` the waiter's ticket (Redlock: the
+/// same on every node, so that the nodes agree on the order), or `-` for the server's time.
 ///
-/// Sets the lock if absent, takes us off the wait list and returns the next fencing token (0
-/// unfenced); else announces the waiter (puts it on the wait list, in the same atomic step as
-/// the failed attempt, so a release that follows always sees it) and returns nil.
+/// Sets the lock if absent, or claims it if [`RELEASE`] handed it to us (it holds our owner
+/// value: re-armed for our TTL), takes us off the wait list and returns the next fencing token
+/// (0 unfenced); else announces the waiter (puts it on the wait list, in the same atomic step
+/// as the failed attempt, so a release that follows always sees it) and returns nil. A waiter
+/// keeps its ticket for its whole wait: one woken that lost the lock after all (a Redlock
+/// round short of a quorum) goes back to its place, not to the end of the list.
 pub(crate) static ACQUIRE_OR_WAIT: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         "{NEXT_TOKEN_FN}
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])
+  or (redis.call('GET', KEYS[1]) == ARGV[1] and redis.call('PEXPIRE', KEYS[1], ARGV[2]) == 1) then
   redis.call('ZREM', KEYS[3], ARGV[1])
+  redis.call('ZREM', KEYS[4], ARGV[1])
   if ARGV[3] == '-' then
     return 0
   end
   return next_token(KEYS[2], ARGV[3])
 end
 {NOW_MS}
-redis.call('ZADD', KEYS[3], now + tonumber(ARGV[4]), ARGV[1])
-redis.call('PEXPIRE', KEYS[3], ARGV[4])
+local grace = tonumber(ARGV[4])
+local ticket = now
+if ARGV[5] ~= '-' then
+  ticket = ARGV[5]
+end
+redis.call('ZADD', KEYS[3], 'NX', ticket, ARGV[1])
+redis.call('ZADD', KEYS[4], now + grace, ARGV[1])
+redis.call('PEXPIRE', KEYS[3], grace)
+redis.call('PEXPIRE', KEYS[4], grace)
 return false
 "
     ))
 });
 
-/// `KEYS[1]` lock, `KEYS[2]` wake-up channels' common part, `KEYS[3]` waiters (plain mode: the
-/// wait list [`ACQUIRE_OR_WAIT`] keeps; fair mode: the waiters set), and in fair mode only
-/// `KEYS[4]` fair queue; `ARGV[1]` owner, `ARGV[2]` `S` to publish on the sharded channel
+/// `KEYS[1]` lock, `KEYS[2]` wake-up channels' common part, `KEYS[3]` and `KEYS[4]` the
+/// waiters: in plain mode the wait list and the waiters' liveness that [`ACQUIRE_OR_WAIT`]
+/// keeps, in fair mode the waiters' liveness and the fair queue; `ARGV[1]` owner, `ARGV[2]` `S` to publish on the sharded channel
 /// (Redis Cluster: the channel lives on the lock's slot), `ARGV[3]` `F` in fair mode (also
-/// leave the line, if queued: a cancelled waiter is cleaned up by this release), and in fair
-/// mode `ARGV[4]` the grace period in ms.
+/// leave the line, if queued: a cancelled waiter is cleaned up by this release), or `K` for a
+/// Redlock waiter's give-back after a round short of a quorum (plain mode: deletes the lock and
+/// hands it to nobody: the majority went to another, or a split vote leaves every contender
+/// to the next release or its backoff, instead of a chain of waiters woken one by one to find
+/// the lock held elsewhere), `ARGV[4]` how
+/// long (ms) a lock handed to a waiter stays reserved for it (fair mode: the grace period).
 ///
 /// A release of a lock we do not hold is a waiter that gives up (or whose acquisition was
 /// cancelled): it leaves the fair line or the wait list, so that no release hands it the lock
 /// or spends its one wake-up on it; a holder is never on either (its grant took it off).
 ///
-/// Only if the lock holds our owner value: in fair mode, hands it to the first waiter in line
-/// still alive (sets it to that waiter's owner value for the grace period, in which the waiter
-/// claims it with [`ACQUIRE_FAIR`]) and wakes that waiter alone; else deletes it and, if some
-/// waiter is alive on the wait list, wakes the one that asked least recently and takes it off
-/// the list (it asks again, and so goes back on, if another took the lock first). One waiter
-/// per release: no herd of attempts, however many wait. With nobody waiting, a release
-/// publishes nothing. 1 if it held our value, else 0.
+/// Only if the lock holds our owner value, hands it to one waiter and wakes that waiter alone:
+/// in fair mode the first in line still alive; in plain mode the first on the wait list still
+/// alive (taken off the list; it goes back on, to its place, if it loses the lock after all,
+/// as a Redlock waiter can). Handing means setting the lock to that waiter's
+/// owner value for `ARGV[4]`, in which the waiter claims it ([`ACQUIRE_FAIR`],
+/// [`ACQUIRE_OR_WAIT`]) and nobody else can take it: not even the releaser, asking again at
+/// once, jumps ahead of the waiter it woke. A waiter that does not claim it in time (it died)
+/// leaves the lock to expire, and the others then come by their backoff. With no waiter the
+/// lock is deleted and nothing is published. One waiter per release: no herd of attempts,
+/// however many wait. 1 if it held our value, else 0.
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
     // No local functions: each would cost a closure per call on the uncontended path.
     Script::new(&format!(
@@ -148,6 +169,7 @@ end
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   if not fair then
     redis.call('ZREM', KEYS[3], ARGV[1])
+    redis.call('ZREM', KEYS[4], ARGV[1])
   end
   return 0
 end
@@ -166,13 +188,22 @@ if fair and redis.call('EXISTS', KEYS[4]) == 1 then
     redis.call('ZREM', KEYS[3], head)
   end
 end
+if (not fair) and ARGV[3] ~= 'K' and redis.call('EXISTS', KEYS[3]) == 1 then
+  {NOW_MS}
+  while true do
+    local head = redis.call('ZPOPMIN', KEYS[3])[1]
+    if not head then break end
+    local alive = redis.call('ZSCORE', KEYS[4], head)
+    redis.call('ZREM', KEYS[4], head)
+    if alive and tonumber(alive) > now then
+      redis.call('SET', KEYS[1], head, 'PX', ARGV[4])
+      woken = head
+      break
+    end
+  end
+end
 if not woken then
   redis.call('DEL', KEYS[1])
-  if (not fair) and redis.call('EXISTS', KEYS[3]) == 1 then
-    {NOW_MS}
-    redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
-    woken = redis.call('ZPOPMIN', KEYS[3])[1]
-  end
 end
 if woken then
   local channel = KEYS[2] .. ':' .. woken

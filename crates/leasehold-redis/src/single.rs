@@ -198,10 +198,10 @@ impl RedisBackend {
                     .await?
             }
             // A waiting attempt announces the waiter when the lock is held, so the release
-            // wakes it.
+            // hands it the lock and wakes it; in the order of the server's clock.
             (None, Attempt::Announce) => {
                 let announce = self.inner.config.wait_backoff.max * 2 + ANNOUNCE_SLACK;
-                node.take_or_wait(&names, req.owner, req.ttl, Some(fence), announce)
+                node.take_or_wait(&names, req.owner, req.ttl, Some(fence), announce, None)
                     .await?
             }
         };
@@ -367,7 +367,7 @@ impl LockBackend for RedisBackend {
         let channel = names.waiter_channel(req.owner);
         let sub = Subscription::new(&self.inner.node, &self.inner.wake, &channel).await?;
         // Woken by a release message on our own channel (a release wakes one waiter: the one
-        // it handed the lock to in fair mode, else the one that asked least recently), or
+        // it handed the lock to, the first in line or on the wait list), or
         // after a jittered backoff in case a message was lost or went to a waiter that left.
         // In fair mode the backoff also keeps our place in line: we ask again well within the
         // grace period.

@@ -71,3 +71,16 @@ async fn many_redlock_waiters_each_get_the_lock() {
         .unwrap();
     assert!(left.iter().all(|&n| n == 0), "keys left: {left:?}");
 }
+
+/// The nodes hand the lock to the same waiter, the one that came first (its ticket orders
+/// every node's wait list alike), and the releaser asking again at once does not jump ahead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_hands_the_lock_on_in_arrival_order() {
+    let ep = require_service!(Service::Redlock);
+    let prefix = common::prefix("rlorder");
+    let holder = locker(common::redlock(ep.urls(), &prefix));
+    let waiters = (0..4)
+        .map(|_| locker(common::redlock(ep.urls(), &prefix)))
+        .collect();
+    common::handed_on_in_arrival_order(holder, waiters).await;
+}

@@ -338,3 +338,22 @@ async fn only_an_acquire_that_finds_the_lock_held_subscribes() {
         );
     }
 }
+
+/// A release hands the lock to the waiter that came first, and the releaser asking again at
+/// once does not jump ahead of it. The waiters sit 80 ms further away (a proxy's round trip),
+/// so a releaser that could take a freed lock would always come first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_hands_the_lock_on_in_arrival_order() {
+    let ep = require_service!(Service::Redis);
+    let prefix = common::prefix("order");
+    let holder = common::locker(common::redis(ep.url(), &prefix).await);
+    let (mut waiters, mut proxies) = (Vec::new(), Vec::new());
+    for _ in 0..4 {
+        let (backend, proxy) =
+            common::redis_behind_proxy(&ep, &prefix, Duration::from_secs(5)).await;
+        proxy.latency(Duration::from_millis(40));
+        waiters.push(common::locker(backend));
+        proxies.push(proxy);
+    }
+    common::handed_on_in_arrival_order(holder, waiters).await;
+}

@@ -49,10 +49,10 @@ impl Count {
 }
 
 /// How the Redis backend's keys that carry a TTL but are no lock end: a semaphore's limit
-/// (`<prefix>{<key>}:sem:limit`, it expires with its last permit) and the waiters' list
-/// (`<prefix>{<key>}:waitlist`, it expires seconds after the last waiter asked). A lock's name
-/// always ends with `}`.
-const REDIS_NOT_LOCKS: [&str; 2] = [":sem:limit", ":waitlist"];
+/// (`<prefix>{<key>}:sem:limit`, it expires with its last permit) and the waiters' keys
+/// (`<prefix>{<key>}:waitlist`, `:waiters` and the fair `:queue`, they expire seconds after
+/// the last waiter asked). A lock's name always ends with `}`.
+const REDIS_NOT_LOCKS: [&str; 4] = [":sem:limit", ":waitlist", ":waiters", ":queue"];
 
 /// Whether a Redis key with a TTL is no grant (see [`REDIS_NOT_LOCKS`]).
 fn redis_not_lock(key: &str) -> bool {
@@ -163,6 +163,7 @@ mod tests {
     fn redis_waiting_markers_are_not_counted_as_held() {
         assert!(redis_not_lock("lh-perf:{u}:waitlist"));
         assert!(redis_not_lock("lh-perf:{u}:elect:waitlist"));
+        assert!(redis_not_lock("lh-perf:{u}:waiters"));
         assert!(redis_not_lock("lh-perf:{u}:sem:limit"));
         assert!(!redis_not_lock("lh-perf:{u}"));
         assert!(!redis_not_lock("lh-perf:{u}:waitlist}"));

@@ -118,6 +118,54 @@ pub(crate) async fn handoff_lags(
     lags
 }
 
+/// `holder` takes `k`; `waiters` (each its own backend, as separate processes) start waiting
+/// for it 150 ms apart. Each release hands the lock on: to the waiters in the order they came,
+/// and never back to the releaser asking again at once (the lock is the woken waiter's to
+/// claim). After the last waiter's release nobody waits, and the lock is free again.
+// Fails the test by panicking, like the tests themselves.
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+pub(crate) async fn handed_on_in_arrival_order(
+    holder: leasehold_core::Locker,
+    waiters: Vec<leasehold_core::Locker>,
+) {
+    let lease = holder.try_acquire("k").await.unwrap().expect("free");
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let n = waiters.len();
+    for (i, w) in waiters.into_iter().enumerate() {
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            let got = w.acquire("k", Duration::from_secs(30)).await;
+            tx.send((i, got, w)).unwrap();
+        });
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    let (mut lease, mut releaser) = (lease, holder);
+    for expected in 0..n {
+        assert!(lease.release().await.unwrap());
+        let again = releaser.try_acquire("k").await.unwrap();
+        assert!(
+            again.is_none(),
+            "the releaser took the lock straight back from waiter {expected}"
+        );
+        let (i, got, w) = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+            .await
+            .expect("no waiter got the lock")
+            .unwrap();
+        assert_eq!(
+            i, expected,
+            "handed to waiter {i}, not {expected}, the first in line"
+        );
+        (lease, releaser) = (got.unwrap(), w);
+    }
+    assert!(lease.release().await.unwrap());
+    let free = releaser.try_acquire("k").await.unwrap();
+    assert!(
+        free.is_some(),
+        "with nobody waiting a release frees the lock"
+    );
+    assert!(free.unwrap().release().await.unwrap());
+}
+
 /// A locker with a 10 s TTL and no renewal, for tests that hold locks briefly.
 pub(crate) fn locker(backend: RedisBackend) -> leasehold_core::Locker {
     harness::locker(
