@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::FutureExt as _;
 use leasehold_core::{Error, ErrorKind, FencingToken, LockKey, Owner};
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
@@ -119,6 +120,17 @@ impl Node {
     /// The shared connection, connecting on first use (and again after a failed first connect);
     /// once made, it reconnects by itself.
     pub(crate) async fn conn(&self) -> Result<Conn, Error> {
+        // The connected case without the connect's state machine (over 3 KiB) in this future,
+        // and so in every request's future that awaits it: those are moved (copied) into
+        // their FuturesUnordered tasks, several per lock cycle.
+        if let Some(c) = self.conn.get() {
+            return Ok(c.clone());
+        }
+        self.connect().boxed().await
+    }
+
+    /// [`conn`](Self::conn)'s first connect (or a retry after a failed one).
+    async fn connect(&self) -> Result<Conn, Error> {
         self.conn
             .get_or_try_init(|| async {
                 match &self.connector {
@@ -565,8 +577,13 @@ async fn run_script<T: FromRedisValue>(
 ) -> Result<T, RedisError> {
     match cmd.query_async(conn).await {
         Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-            script.load_async(conn).await?;
-            cmd.query_async(conn).await
+            // Boxed: the rare path's state stays out of every script call's future.
+            async {
+                script.load_async(conn).await?;
+                cmd.query_async(conn).await
+            }
+            .boxed()
+            .await
         }
         other => other,
     }

@@ -220,7 +220,9 @@ impl RedlockBackend {
                         Err(_) => {
                             drop(tx.send((i, Outcome::TimedOut(per_node))));
                             let rest = bound.saturating_sub(per_node);
-                            if let Ok(r) = tokio::time::timeout(rest, fut).await {
+                            // `&mut fut`: moving it into a second timeout would keep room for
+                            // two copies of it in this future.
+                            if let Ok(r) = tokio::time::timeout(rest, &mut fut).await {
                                 drop(tx.send((i, Outcome::from_result(Ok(r), per_node))));
                             }
                         }
