@@ -63,7 +63,7 @@
 //! | `leasehold:{jobs/nightly}` | the lock: a string holding the owner value, with a TTL |
 //! | `leasehold:{jobs/nightly}:fence` | the fencing counter (single node only; never deleted unless `fence_ttl_ms` is set, so tokens don't restart while the server keeps its data) |
 //! | `leasehold:{jobs/nightly}:released:<owner>` | a waiter's own pub/sub channel: the release that chose it as the waiter to wake publishes there |
-//! | `leasehold:{jobs/nightly}:waitlist` | the wait list (sorted set: owner value → ticket, the server's time in ms when the waiter first found the lock held; on Redlock the client's, the same on every node), put there by a waiting attempt that found the lock held and kept for the rest of its wait; a release takes the first live waiter off and hands it the lock, and publishes nothing while the list is empty |
+//! | `leasehold:{jobs/nightly}:waitlist` | the wait list (sorted set: owner value → ticket, the server's time in ms when the waiter went on the list; on Redlock the client's when its wait began, the same on every node), put there by a waiting attempt that found the lock held and kept for the rest of its wait; a release takes the first live waiter off and hands it the lock, and publishes nothing while the list is empty |
 //! | `leasehold:{jobs/nightly}:waiters` | the waiters' liveness (sorted set: owner value → server time in ms until which it counts as alive), moved on by each of its attempts; a waiter that stopped asking (it crashed) is passed over |
 //!
 //! The braces are a hash tag: on a Redis Cluster they all share one slot. A key beginning

@@ -77,12 +77,12 @@ impl ConnectionLike for Conn {
     }
 }
 
-/// A Redis deployment (one server or one cluster) and our connection to it.
 /// Plain mode: how long a lock a release handed to a waiter stays reserved for it (see
 /// [`RELEASE`]). A live waiter claims it within a round trip of the wake-up; a waiter that died
 /// while listed costs the lock this long.
 pub(crate) const HANDOFF: Duration = Duration::from_millis(250);
 
+/// A Redis deployment (one server or one cluster) and our connection to it.
 pub(crate) struct Node {
     connector: Connector,
     /// `host:port` (or the socket path, or the seed list), never with credentials.

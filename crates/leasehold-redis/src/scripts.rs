@@ -134,14 +134,14 @@ return false
 
 /// `KEYS[1]` lock, `KEYS[2]` wake-up channels' common part, `KEYS[3]` and `KEYS[4]` the
 /// waiters: in plain mode the wait list and the waiters' liveness that [`ACQUIRE_OR_WAIT`]
-/// keeps, in fair mode the waiters' liveness and the fair queue; `ARGV[1]` owner, `ARGV[2]` `S` to publish on the sharded channel
-/// (Redis Cluster: the channel lives on the lock's slot), `ARGV[3]` `F` in fair mode (also
-/// leave the line, if queued: a cancelled waiter is cleaned up by this release), or `K` for a
-/// Redlock waiter's give-back after a round short of a quorum (plain mode: deletes the lock and
-/// hands it to nobody: the majority went to another, or a split vote leaves every contender
-/// to the next release or its backoff, instead of a chain of waiters woken one by one to find
-/// the lock held elsewhere), `ARGV[4]` how
-/// long (ms) a lock handed to a waiter stays reserved for it (fair mode: the grace period).
+/// keeps, in fair mode the waiters' liveness and the fair queue; `ARGV[1]` owner, `ARGV[2]` `S`
+/// to publish on the sharded channel (Redis Cluster: the channel lives on the lock's slot),
+/// `ARGV[3]` `F` in fair mode (also leave the line, if queued: a cancelled waiter is cleaned up
+/// by this release), or `K` for a Redlock waiter's give-back after a round short of a quorum
+/// (plain mode: deletes the lock and hands it to nobody: the majority went to another, or a
+/// split vote leaves every contender to the next release or its backoff, instead of a chain of
+/// waiters woken one by one to find the lock held elsewhere), `ARGV[4]` how long (ms) a lock
+/// handed to a waiter stays reserved for it (fair mode: the grace period).
 ///
 /// A release of a lock we do not hold is a waiter that gives up (or whose acquisition was
 /// cancelled): it leaves the fair line or the wait list, so that no release hands it the lock
