@@ -6,9 +6,12 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-/// Spawns a background release `fut` on the current Tokio runtime, if there is one, counted
-/// until it ends (see [`settle`]). Never blocks, never panics.
-pub(crate) fn spawn_detached(fut: impl Future<Output = ()> + Send + 'static) -> bool {
+/// Spawns `fut` on the current Tokio runtime, if there is one, counted until it ends (see
+/// [`settle`]): for work that must outlive the call that started it, such as a background
+/// release, or the requests of a driver's fan-out still on their way when its quorum has
+/// decided (a program that exits right after the call would otherwise cut them off). Never
+/// blocks, never panics; `false` if there is no runtime (`fut` is dropped).
+pub fn spawn_detached(fut: impl Future<Output = ()> + Send + 'static) -> bool {
     match tokio::runtime::Handle::try_current() {
         Ok(rt) => {
             let pending = Pending::start();

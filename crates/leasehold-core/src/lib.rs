@@ -151,7 +151,7 @@ pub use backend::{
 pub use caps::{
     Capabilities, CrashRelease, DEFAULT_MAX_TTL, FencingKind, RenewalKind, SafetyClass, WaitKind,
 };
-pub use detach::settle;
+pub use detach::{settle, spawn_detached};
 pub use election::{Candidate, ElectionBackend, Leader, poll_leader};
 pub use elector::{Elector, Leadership};
 pub use error::{Error, ErrorKind, NodeError};

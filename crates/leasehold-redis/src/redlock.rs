@@ -230,7 +230,11 @@ impl RedlockBackend {
                 }
             })
             .collect();
-        tokio::spawn(all.for_each(|()| std::future::ready(())));
+        // Counted by `settle`: a holder that exits right after its release returns at the
+        // quorum (the CLI's does, and settles first) must not cut off the requests to the
+        // nodes that had not answered yet; `redlock_end_to_end` found a key left on one of
+        // five nodes that way.
+        leasehold_core::spawn_detached(all.for_each(|()| std::future::ready(())));
         rx
     }
 
