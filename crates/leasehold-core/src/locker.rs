@@ -13,6 +13,7 @@ use crate::caps::{Capabilities, RenewalKind, WaitKind};
 use crate::error::{Error, ErrorKind};
 use crate::key::{IntoLockKey, LockKey};
 use crate::lease::{Lease, LeaseInfo};
+use crate::loss::LossReason;
 use crate::metrics;
 use crate::policy::{API, LockOptions};
 use crate::release::{Horizon, release_in_background};
@@ -308,14 +309,21 @@ impl Locker {
             shared,
             ttl,
         );
-        if lease.is_lost() {
-            // The answer came too late to be of use: the grant is already past its validity.
+        if let Some(why) = lease.loss_reason() {
+            // The grant is of no use: its answer came too late (past its validity), or the
+            // backend reported it lost before it could be handed out (its session died).
             // Dropping the lease releases it.
-            return Err(Error::new(
-                ErrorKind::Timeout,
-                self.backend.name(),
-                format!("the grant of {key:?} arrived after its validity deadline"),
-            ));
+            let (kind, msg) = match why {
+                LossReason::Expired => (
+                    ErrorKind::Timeout,
+                    format!("the grant of {key:?} arrived after its validity deadline"),
+                ),
+                other => (
+                    ErrorKind::Unavailable,
+                    format!("the grant of {key:?} was lost before it was handed out: {other}"),
+                ),
+            };
+            return Err(Error::new(kind, self.backend.name(), msg));
         }
         if self.caps.renewal == RenewalKind::Extend
             && let Some(interval) = self.options.renewal_interval()

@@ -133,15 +133,14 @@ impl PostgresBackend {
     /// a closed session holds no lock, so retrying cannot double-grant). `until`: how long to
     /// wait for a session when every one is lent whole (`None`: fail at once).
     ///
-    /// `asked`: when the caller's request began (before the gate and the checkout); on a
-    /// pooled session it serves as the instant the statement left, which it precedes by
-    /// microseconds (a validity counted from earlier is only more cautious). After a fresh
-    /// connect, the clock is read again.
+    /// The validity of a grant counts from the clock read after the checkout, just before the
+    /// statement is sent: not from the caller's request, which may have waited at the gate,
+    /// for a session, or between the polls of a wait (counting from there made a grant that
+    /// came after such a wait look expired on arrival).
     async fn one_try(
         &self,
         id: AdvisoryId,
         gate: Gate,
-        asked: Instant,
         until: Option<Instant>,
     ) -> Result<TryOutcome, Error> {
         let mut gate = Some(gate);
@@ -150,9 +149,7 @@ impl PostgresBackend {
             tries += 1;
             let lent = self.shared.pool.shared(until).await?;
             let fresh = lent.fresh;
-            // The validity starts when the lock statement leaves, not before a connect that
-            // may have preceded it: the grant's life is tied to this session only.
-            let sent = if fresh { Instant::now() } else { asked };
+            let sent = Instant::now();
             // If this future is dropped before the answer, the statement may still take the
             // lock: the guard then unlocks behind it on the same session.
             let mut pending = Unlocking {
@@ -302,7 +299,7 @@ impl PostgresBackend {
         let Some(gate) = self.shared.gates.try_enter(id) else {
             return Ok(None);
         };
-        match self.one_try(id, gate, req.started, None).await? {
+        match self.one_try(id, gate, None).await? {
             TryOutcome::Granted(on, g, token, sent) => {
                 Ok(Some(self.grant(req.monitor, id, on, g, token, sent)))
             }
@@ -328,7 +325,7 @@ impl PostgresBackend {
                 return Err(internal("gate vanished"));
             };
             attempts += 1;
-            match self.one_try(id, g, req.started, Some(deadline)).await? {
+            match self.one_try(id, g, Some(deadline)).await? {
                 TryOutcome::Granted(on, g, token, sent) => {
                     let grant = self.grant(req.monitor, id, on, g, token, sent);
                     return Ok(Waited::new(Some(grant), attempts));

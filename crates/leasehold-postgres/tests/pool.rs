@@ -343,3 +343,43 @@ async fn a_dropped_release_unlocks_in_the_background() -> Result<(), common::Box
     assert!(kept.release().await?);
     Ok(())
 }
+
+/// A wait behind another task of the same process (at the in-process gate) for longer than
+/// the validity window ends in a grant whose validity counts from the statement that took the
+/// lock, not from when the acquisition began. (It counted from the latter once: the `Locker`
+/// then reported such a grant as "arrived after its validity deadline" and had to try again.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_after_a_long_local_wait_is_valid() -> Result<(), common::BoxError> {
+    let Some(f) = fixture("pg-long-wait", 4).await? else {
+        return Ok(());
+    };
+    let window = f.backend.config().validity_window();
+    let key = LockKey::new(format!("{}/contended", f.app))?;
+    let first = f.locker.acquire(&key, Duration::ZERO).await?;
+    let (backend, k) = (f.backend.clone(), key.clone());
+    let second = tokio::spawn(async move {
+        let (owner, monitor) = (Owner::random()?, LeaseMonitor::detached());
+        let asked = Instant::now();
+        let req = LockRequest::new(&k, &owner, Duration::from_secs(5), asked, &monitor);
+        let waited = backend
+            .wait_lock(req, asked + Duration::from_secs(30))
+            .await?;
+        let grant = waited.grant.ok_or("not granted")?;
+        Ok::<_, common::BoxError>((asked, grant.validity.from, Instant::now()))
+    });
+    // Held for twice the window (renewed by the session's health check meanwhile).
+    tokio::time::sleep(window * 2).await;
+    assert!(!first.is_lost());
+    assert!(!second.is_finished(), "the second acquisition did not wait");
+    let released = Instant::now();
+    assert!(first.release().await?);
+    let (asked, from, answered) = second.await??;
+    assert!(
+        from >= released,
+        "validity counted from {:?} before the release (asked {:?} before it)",
+        released - from,
+        released - asked
+    );
+    assert!(from <= answered);
+    Ok(())
+}

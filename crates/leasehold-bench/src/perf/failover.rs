@@ -100,7 +100,13 @@ impl Target {
             Self::File(dir) => Arc::new(FileBackend::new(FileConfig::new(dir.clone()))?),
             Self::Redis(url) => redis_backend(vec![url.clone()], prefix.to_owned(), false).await?,
             Self::Postgres(url) => {
-                pg_backend(url, prefix.to_owned(), services::unique_prefix("perf")).await?
+                pg_backend(
+                    url,
+                    prefix.to_owned(),
+                    services::unique_prefix("perf"),
+                    false,
+                )
+                .await?
             }
             Self::Etcd(endpoints) => {
                 let cfg = EtcdConfig::new(endpoints.clone())

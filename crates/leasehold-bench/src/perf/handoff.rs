@@ -50,7 +50,7 @@ pub(super) async fn run(p: &Params, rt: &str, out: &Path) -> Vec<Row> {
     let mut rows = Vec::new();
     let mut titles = Vec::new();
     for name in BACKENDS {
-        let groups = match ours_only(name, out).await {
+        let groups = match ours_only(name, out, p.quick).await {
             Ok(g) => g,
             Err(e) => {
                 rows.push(setup_failed(rt, &format!("handoff on {name}"), &e));
@@ -77,8 +77,8 @@ pub(super) async fn run(p: &Params, rt: &str, out: &Path) -> Vec<Row> {
 
 /// Lock group `name` with our subjects alone, each in a group of its own (the first, in its
 /// default mode, in the group that keeps what the subjects need).
-async fn ours_only(name: &'static str, out: &Path) -> Result<Vec<Group>, BoxError> {
-    let mut g = build_group(name, out).await?;
+async fn ours_only(name: &'static str, out: &Path, quick: bool) -> Result<Vec<Group>, BoxError> {
+    let mut g = build_group(name, out, quick).await?;
     let mut ours: Vec<Subject> = Vec::new();
     for s in std::mem::take(&mut g.subjects) {
         if s.kind == Kind::Ours {

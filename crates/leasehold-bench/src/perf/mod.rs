@@ -98,7 +98,7 @@ async fn run_runtime(p: &Params, rt: &str, out: &Path) -> Vec<Row> {
         } else if name == "handoff" {
             rows.extend(handoff::run(p, rt, out).await);
         } else {
-            let g = match groups::build_group(name, out).await {
+            let g = match groups::build_group(name, out, p.quick).await {
                 Ok(g) => g,
                 Err(e) => {
                     rows.push(setup_failed(rt, name, &e));

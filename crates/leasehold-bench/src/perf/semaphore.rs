@@ -31,7 +31,7 @@ pub(super) async fn run(p: &Params, rt: &str, out: &Path) -> Vec<Row> {
     let mut rows = Vec::new();
     for name in SEMAPHORE_BACKENDS {
         let group = match PermitLimit::new(PERMITS) {
-            Ok(limit) => build_semaphore_group(name, out, limit).await,
+            Ok(limit) => build_semaphore_group(name, out, limit, p.quick).await,
             Err(e) => Err(e.into()),
         };
         let mut pair = match group {
@@ -70,6 +70,7 @@ async fn build_semaphore_group(
     name: &'static str,
     out: &Path,
     limit: PermitLimit,
+    quick: bool,
 ) -> Result<Group, BoxError> {
     let mut g = Group::new(false);
     let (title, subjects) = match name {
@@ -120,7 +121,7 @@ async fn build_semaphore_group(
             let c = conninfo.clone();
             let subjects = lock_and_permits("PostgresBackend", limit, count, move |t| {
                 let c = c.clone();
-                async move { pg_backend(&c, t.prefix, t.app).await }
+                async move { pg_backend(&c, t.prefix, t.app, quick).await }
             });
             ("postgres over TCP", subjects)
         }
