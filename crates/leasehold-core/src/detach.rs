@@ -2,9 +2,10 @@
 //! clean-up of abandoned acquisitions), counted so a program can [`settle`] before it exits.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use tokio::sync::watch;
+use tokio::sync::Notify;
 
 /// Spawns `fut` on the current Tokio runtime, if there is one, counted until it ends (see
 /// [`settle`]): for work that must outlive the call that started it, such as a background
@@ -25,25 +26,28 @@ pub fn spawn_detached(fut: impl Future<Output = ()> + Send + 'static) -> bool {
     }
 }
 
-/// How many background releases are running in this process.
-fn in_flight() -> &'static watch::Sender<usize> {
-    static IN_FLIGHT: std::sync::OnceLock<watch::Sender<usize>> = std::sync::OnceLock::new();
-    IN_FLIGHT.get_or_init(|| watch::Sender::new(0))
-}
+/// How many background tasks are running in this process: an atomic count, not a lock, as
+/// every Redlock release and extend spawns one (a process-wide lock on that path was
+/// contended at 64 concurrent tasks).
+static IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
+/// Told when the count falls to zero.
+static DRAINED: Notify = Notify::const_new();
 
 /// One background release in flight; counted down when it ends or is cancelled.
 struct Pending;
 
 impl Pending {
     fn start() -> Self {
-        in_flight().send_modify(|n| *n += 1);
+        IN_FLIGHT.fetch_add(1, Ordering::SeqCst);
         Self
     }
 }
 
 impl Drop for Pending {
     fn drop(&mut self) {
-        in_flight().send_modify(|n| *n = n.saturating_sub(1));
+        if IN_FLIGHT.fetch_sub(1, Ordering::SeqCst) == 1 {
+            DRAINED.notify_waiters();
+        }
     }
 }
 
@@ -68,8 +72,15 @@ impl Drop for Pending {
 /// # }
 /// ```
 pub async fn settle(within: Duration) -> bool {
-    let mut rx = in_flight().subscribe();
-    tokio::time::timeout(within, rx.wait_for(|n| *n == 0))
-        .await
-        .is_ok_and(|r| r.is_ok())
+    let drained = async {
+        loop {
+            // Registered before the count is read: a fall to zero after the read wakes it.
+            let told = DRAINED.notified();
+            if IN_FLIGHT.load(Ordering::SeqCst) == 0 {
+                return;
+            }
+            told.await;
+        }
+    };
+    tokio::time::timeout(within, drained).await.is_ok()
 }

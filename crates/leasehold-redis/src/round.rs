@@ -129,8 +129,9 @@ impl GiveBack<'_> {
         if !std::mem::take(&mut self.armed) || !self.may_hold.contains(&true) {
             return None;
         }
+        // Without a runtime nothing can be sent: the grants expire by their TTL.
+        tokio::runtime::Handle::try_current().ok()?;
         let settled = Settled::new(self.may_hold.len());
-        let rt = tokio::runtime::Handle::try_current().ok()?;
         let (names, owner, bound, quiet) = (
             Arc::new(self.names.clone()),
             self.owner.clone(),
@@ -155,7 +156,8 @@ impl GiveBack<'_> {
                 })
             })
             .collect();
-        drop(rt.spawn(all.for_each(|()| std::future::ready(()))));
+        // Counted by `settle`, so a process that exits right after does not cut it off.
+        leasehold_core::spawn_detached(all.for_each(|()| std::future::ready(())));
         Some(settled)
     }
 }

@@ -224,17 +224,15 @@ impl RedisBackend {
     }
 
     /// Releases `owner`'s grant (or place in the fair line or on the wait list) on `key` in a
-    /// task.
+    /// task counted by `settle`.
     fn give_back(&self, key: &LockKey, owner: &leasehold_core::Owner) {
         let fair = self.inner.config.fair;
         let (node, names, owner) = (Arc::clone(&self.inner.node), self.names(key), owner.clone());
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            drop(rt.spawn(async move {
-                if let Err(e) = node.release(&names, &owner, fair).await {
-                    tracing::debug!(error = %e, "leasehold-redis: giving a grant back failed");
-                }
-            }));
-        }
+        leasehold_core::spawn_detached(async move {
+            if let Err(e) = node.release(&names, &owner, fair).await {
+                tracing::debug!(error = %e, "leasehold-redis: giving a grant back failed");
+            }
+        });
     }
 
     /// The Redis names of `key`: a lock's, or in the election view an election's.
