@@ -30,6 +30,15 @@ struct Subject {
     lose: Box<dyn Fn(&str) -> Duration + Send + Sync>,
 }
 
+/// Removes its folder when dropped: each file subject's folder goes with the test.
+struct RemoveDir(PathBuf);
+
+impl Drop for RemoveDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 fn options(ttl: Duration) -> LockOptions {
     LockOptions::default()
         .with_ttl(ttl)
@@ -61,22 +70,25 @@ fn fresh_dir() -> PathBuf {
 }
 
 /// File locks (a 30 s TTL the grant ignores): the lease is lost when its lock file is deleted.
-fn file() -> Subject {
-    let config = FileConfig::new(fresh_dir()).with_check_interval(Duration::from_millis(20));
+/// The folder goes when the guard is dropped.
+fn file() -> (Subject, RemoveDir) {
+    let dir = fresh_dir();
+    let config = FileConfig::new(dir.clone()).with_check_interval(Duration::from_millis(20));
     let (a, b) = (
         FileBackend::new(config.clone()).unwrap(),
         FileBackend::new(config).unwrap(),
     );
     let paths = a.clone();
     let opts = options(Duration::from_secs(30));
-    Subject {
+    let subject = Subject {
         locker: Locker::new(a).with_options(opts.clone()).unwrap(),
         other: Locker::new(b).with_options(opts).unwrap(),
         lose: Box::new(move |key| {
             std::fs::remove_file(paths.lock_path(&key.parse().unwrap())).unwrap();
             Duration::from_millis(20)
         }),
-    }
+    };
+    (subject, RemoveDir(dir))
 }
 
 async fn each_subject<F, Fut>(test: F)
@@ -85,7 +97,9 @@ where
     Fut: Future<Output = ()>,
 {
     test(memory()).await;
-    test(file()).await;
+    let (subject, dir) = file();
+    test(subject).await;
+    drop(dir);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
