@@ -128,8 +128,11 @@ async fn a_black_holed_node_costs_no_latency_and_leaves_no_key() {
     let holed = cycle_p50(&l, 300).await;
     proxy.pass();
     eprintln!("redlock cycle p50: healthy {healthy:?}, one node black-holed {holed:?}");
+    // What this guards against is a cycle that waits for the black-holed node: its per-node
+    // timeout (50 ms for this TTL) on every cycle. The slack is for two loaded cores (1.5× +
+    // 0.5 ms failed once at 3.9 against 2.2 ms, in a VM losing a third of its CPU to steal).
     assert!(
-        holed <= healthy.mul_f64(1.5) + Duration::from_micros(500),
+        holed <= healthy * 2 + Duration::from_millis(10),
         "black-holed p50 {holed:?} vs healthy {healthy:?}"
     );
 
