@@ -146,6 +146,9 @@ return false
 /// A release of a lock we do not hold is a waiter that gives up (or whose acquisition was
 /// cancelled): it leaves the fair line or the wait list, so that no release hands it the lock
 /// or spends its one wake-up on it; a holder is never on either (its grant took it off).
+/// Except with `K`: that waiter goes on waiting and keeps its place (a round's give-back goes
+/// to nodes that had not answered when the others decided; taking the waiter off their lists
+/// made the nodes' lists name different waiters, and hand the lock to different ones).
 ///
 /// Only if the lock holds our owner value, hands it to one waiter and wakes that waiter alone:
 /// in fair mode the first in line still alive; in plain mode the first on the wait list still
@@ -167,7 +170,7 @@ if fair then
   end
 end
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
-  if not fair then
+  if not fair and ARGV[3] ~= 'K' then
     redis.call('ZREM', KEYS[3], ARGV[1])
     redis.call('ZREM', KEYS[4], ARGV[1])
   end
