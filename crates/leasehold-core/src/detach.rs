@@ -27,13 +27,12 @@ pub fn spawn_detached(fut: impl Future<Output = ()> + Send + 'static) -> bool {
 }
 
 /// How many background tasks are running in this process: an atomic count, not a lock, as
-/// every Redlock release and extend spawns one (a process-wide lock on that path was
-/// contended at 64 concurrent tasks).
+/// every Redlock release and extend spawns one, so the count is on their path.
 static IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
 /// Told when the count falls to zero.
 static DRAINED: Notify = Notify::const_new();
 
-/// One background release in flight; counted down when it ends or is cancelled.
+/// One counted background task in flight; counted down when it ends or is cancelled.
 struct Pending;
 
 impl Pending {

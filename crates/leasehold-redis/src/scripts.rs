@@ -148,7 +148,7 @@ return false
 /// or spends its one wake-up on it; a holder is never on either (its grant took it off).
 /// Except with `K`: that waiter goes on waiting and keeps its place (a round's give-back goes
 /// to nodes that had not answered when the others decided; taking the waiter off their lists
-/// made the nodes' lists name different waiters, and hand the lock to different ones).
+/// could make the nodes' lists name different waiters, and hand the lock to different ones).
 ///
 /// Only if the lock holds our owner value, hands it to one waiter and wakes that waiter alone:
 /// in fair mode the first in line still alive; in plain mode the first on the wait list still
