@@ -91,6 +91,8 @@ struct FleetArgs {
     hold_ms: u64,
     #[arg(long)]
     settle_ms: u64,
+    #[arg(long)]
+    quick: bool,
 }
 
 #[derive(Args)]
@@ -219,6 +221,7 @@ fn main() -> ExitCode {
             runtime: a.runtime.clone(),
             hold: Duration::from_millis(a.hold_ms),
             settle: Duration::from_millis(a.settle_ms),
+            quick: a.quick,
         }),
     };
     match result {

@@ -9,7 +9,7 @@ use std::time::Duration;
 use futures_util::StreamExt as _;
 use leasehold_core::{Lease, LockBackend, Locker};
 use leasehold_etcd::{EtcdBackend, EtcdConfig};
-use leasehold_postgres::{PostgresBackend, PostgresConfig};
+use leasehold_postgres::PostgresBackend;
 use leasehold_redis::{RedisBackend, RedisConfig, RedlockBackend, RedlockConfig};
 use leasehold_test_support::services::{self, Service};
 use tokio::time::Instant;
@@ -17,6 +17,7 @@ use tokio::time::Instant;
 use super::probe::{self, NodeCount, Probe};
 use super::{FLEET_TTL, Measured, Spec};
 use crate::harness::BoxError;
+use crate::perf::groups::pg_config;
 use crate::subjects::Count;
 
 /// Acquisitions in flight at once while taking the N leases.
@@ -52,7 +53,7 @@ fn ports(service: Service) -> Result<Vec<u16>, BoxError> {
 
 /// Connects the probe, then the backend (so the probe's own connections are in the baseline
 /// of [`probe::connections_to`]); returns the baseline too.
-async fn setup(backend: &str, prefix: &str) -> Result<(Setup, usize), BoxError> {
+async fn setup(backend: &str, prefix: &str, quick: bool) -> Result<(Setup, usize), BoxError> {
     let redis_count = |urls: &[String]| Count::Redis {
         urls: urls.to_vec(),
         needle: prefix.to_owned(),
@@ -107,9 +108,7 @@ async fn setup(backend: &str, prefix: &str) -> Result<(Setup, usize), BoxError> 
             let Count::Postgres { app, .. } = &count else {
                 unreachable!("set above")
             };
-            let cfg = PostgresConfig::from_url(ep.url())?
-                .with_prefix(prefix)?
-                .with_application_name(app.clone());
+            let cfg = pg_config(ep.url(), prefix.to_owned(), app.clone(), quick)?;
             bound = Some(u64::try_from(cfg.max_sessions())?);
             Arc::new(PostgresBackend::connect(cfg).await?)
         }
@@ -168,7 +167,7 @@ fn deltas(a: &[NodeCount], b: &[NodeCount]) -> Vec<NodeCount> {
 /// Runs the measurement of `spec` (on the current runtime).
 pub(super) async fn measure(spec: &Spec) -> Result<Measured, BoxError> {
     let prefix = format!("{}:", services::unique_prefix("fleet"));
-    let (mut s, base) = setup(&spec.backend, &prefix).await?;
+    let (mut s, base) = setup(&spec.backend, &prefix, spec.quick).await?;
     let locker = Locker::from_arc(Arc::clone(&s.backend)).with_ttl(FLEET_TTL)?;
     // Warm-up: connections open, scripts loaded, a session in the pool.
     locker

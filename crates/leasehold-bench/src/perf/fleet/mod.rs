@@ -43,6 +43,8 @@ pub(crate) struct Spec {
     pub(crate) runtime: String,
     pub(crate) hold: Duration,
     pub(crate) settle: Duration,
+    /// Under `--quick`: PostgreSQL with the smoke test's health timeout (see `pg_config`).
+    pub(crate) quick: bool,
 }
 
 /// What one child measured.
@@ -177,6 +179,7 @@ fn run_child(spec: &Spec) -> Result<Measured, BoxError> {
         .args(["--runtime", &spec.runtime])
         .args(["--hold-ms", &spec.hold.as_millis().to_string()])
         .args(["--settle-ms", &spec.settle.as_millis().to_string()])
+        .args(spec.quick.then_some("--quick"))
         .stderr(std::process::Stdio::inherit())
         .output()?;
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -206,6 +209,7 @@ pub(super) fn run(rt: &str, quick: bool) -> Vec<FleetRow> {
                 runtime: rt.to_owned(),
                 hold,
                 settle,
+                quick,
             };
             let started = std::time::Instant::now();
             let result = run_child(&spec).map_err(|e| e.to_string());
