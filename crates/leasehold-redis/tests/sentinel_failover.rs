@@ -161,8 +161,8 @@ async fn failover(options: &str, test: &str) -> Tally {
             Ok(Some(l)) => break l,
             // An earlier attempt whose grant failed the replica check (or whose answer was
             // lost with the connection) gives the key back in a task: it may not be gone yet.
-            Ok(None) | Err(_) if t0.elapsed() > Duration::from_secs(30) => {
-                panic!("no grant of a new key 30 s after the failover")
+            outcome if t0.elapsed() > Duration::from_secs(30) => {
+                panic!("no grant of a new key 30 s after the failover; the last try: {outcome:?}")
             }
             Ok(None) | Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
         }
