@@ -498,4 +498,79 @@ mod tests {
             }
         }
     }
+
+    /// A Redlock waiter's give-back (`RELEASE` with `K`, after a round short of a quorum) on a
+    /// node whose lock another holds keeps the waiter on that node's wait list, so the node's
+    /// next release still hands the lock to it; a plain release by a waiter (it gave up) takes
+    /// it off. The give-back once took the waiter off too: nodes that answered last could then
+    /// name different waiters.
+    #[tokio::test]
+    async fn a_waiters_give_back_keeps_its_place_on_the_wait_list() {
+        let ep = require_service!(Service::Redis);
+        let prefix = format!("{}:", unique_prefix("giveback"));
+        let config = RedisConfig::from_url(ep.url())
+            .and_then(|c| c.with_prefix(&prefix))
+            .unwrap();
+        let backend = RedisBackend::connect(config).await.unwrap();
+        let node = &backend.inner.node;
+        let key = LockKey::new("k").unwrap();
+        let names = backend.names(&key);
+        let ttl = Duration::from_secs(10);
+        let (holder, waiter) = (Owner::random().unwrap(), Owner::random().unwrap());
+        let listed = async |who: &Owner| -> bool {
+            let mut c = node.conn().await.unwrap();
+            let score: Option<f64> = redis::cmd("ZSCORE")
+                .arg(names.wait_list())
+                .arg(who.as_str())
+                .query_async(&mut c)
+                .await
+                .unwrap();
+            score.is_some()
+        };
+        let taken = node.take(&names, &holder, ttl, None).await.unwrap();
+        assert!(matches!(taken, Taken::Granted(_)), "the key is free");
+        let announce = Duration::from_secs(10);
+        let waited = node.take_or_wait(&names, &waiter, ttl, None, announce, Some(7));
+        assert!(
+            matches!(waited.await.unwrap(), Taken::Held),
+            "held by the holder"
+        );
+        assert!(listed(&waiter).await, "the waiter did not announce itself");
+
+        assert!(
+            !node.give_back(&names, &waiter).await.unwrap(),
+            "not the waiter's"
+        );
+        assert!(
+            listed(&waiter).await,
+            "the give-back took the waiter off the wait list"
+        );
+        // The holder's release hands the lock to the waiter still listed.
+        assert!(node.release(&names, &holder, None).await.unwrap());
+        let mut c = node.conn().await.unwrap();
+        let value: Option<String> = redis::cmd("GET")
+            .arg(names.lock())
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        assert_eq!(
+            value.as_deref(),
+            Some(waiter.as_str()),
+            "not handed to the waiter"
+        );
+        let claimed = node.take_or_wait(&names, &waiter, ttl, None, announce, Some(7));
+        assert!(matches!(claimed.await.unwrap(), Taken::Granted(_)));
+
+        // A waiter that gives up (a plain release of a lock it does not hold) leaves the list.
+        let other = Owner::random().unwrap();
+        let waited = node.take_or_wait(&names, &other, ttl, None, announce, Some(8));
+        assert!(matches!(waited.await.unwrap(), Taken::Held));
+        assert!(listed(&other).await);
+        assert!(!node.release(&names, &other, None).await.unwrap());
+        assert!(
+            !listed(&other).await,
+            "a waiter that gave up is still listed"
+        );
+        assert!(node.release(&names, &waiter, None).await.unwrap());
+    }
 }
