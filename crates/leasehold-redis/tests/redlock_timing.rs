@@ -40,13 +40,7 @@ async fn no_key_left(
     prefix: &str,
     within: Duration,
 ) {
-    let direct = RedlockBackend::new(
-        RedlockConfig::from_urls(ep.urls())
-            .unwrap()
-            .with_prefix(prefix)
-            .unwrap(),
-    )
-    .unwrap();
+    let direct = direct(ep, prefix);
     let deadline = Instant::now() + within;
     loop {
         let counts = direct.count_lock_keys("").await.unwrap();
@@ -59,6 +53,17 @@ async fn no_key_left(
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// The Redlock nodes of `ep`, reached directly (not through the proxies).
+fn direct(ep: &leasehold_test_support::services::Endpoints, prefix: &str) -> RedlockBackend {
+    RedlockBackend::new(
+        RedlockConfig::from_urls(ep.urls())
+            .unwrap()
+            .with_prefix(prefix)
+            .unwrap(),
+    )
+    .unwrap()
 }
 
 fn shipped(urls: &[String], prefix: &str, ttl: Duration) -> Locker {
@@ -75,17 +80,34 @@ async fn the_shipped_node_timeout_follows_the_ttl_and_late_keys_are_given_back()
     let ep = require_service!(Service::Redlock);
     let (proxies, urls) = proxies(&ep).await;
     let prefix = common::prefix("timing");
-    // Three of five nodes answer only after 300 ms or more: no quorum within any shipped
-    // per-node timeout.
-    for p in &proxies[..3] {
-        p.latency(Duration::from_millis(150));
-    }
-    for (ttl, per_node) in [
+    let shipped_timeouts = [
         (Duration::from_millis(500), Duration::from_millis(5)), // ttl / 200 = 2.5 ms: at least 5
         (Duration::from_secs(2), Duration::from_millis(10)),    // ttl / 200
         (Duration::from_secs(20), Duration::from_millis(50)),   // ttl / 200 = 100 ms: at most 50
-    ] {
+    ];
+    // Each locker connected to every node first: a first round that also connects can outlast
+    // a 5 ms timeout on a loaded machine.
+    let mut lockers = Vec::new();
+    for (ttl, _) in shipped_timeouts {
         let l = shipped(&urls, &prefix, ttl);
+        let t0 = Instant::now();
+        loop {
+            match l.try_acquire("warm").await {
+                Ok(Some(lease)) => {
+                    lease.release().await.unwrap();
+                    break;
+                }
+                outcome => assert!(t0.elapsed() < Duration::from_secs(10), "{outcome:?}"),
+            }
+        }
+        lockers.push(l);
+    }
+    // Three of five nodes answer only after 800 ms or more: no quorum within any shipped
+    // per-node timeout.
+    for p in &proxies[..3] {
+        p.latency(Duration::from_millis(400));
+    }
+    for ((ttl, per_node), l) in shipped_timeouts.into_iter().zip(lockers) {
         let key = format!("k{}", ttl.as_millis());
         let t0 = Instant::now();
         let err = l.try_acquire(&key).await.expect_err("2 of 5 nodes in time");
@@ -96,7 +118,8 @@ async fn the_shipped_node_timeout_follows_the_ttl_and_late_keys_are_given_back()
             .iter()
             .map(|n| n.error.message().to_owned())
             .collect();
-        assert_eq!(causes.len(), 3, "one cause per slowed node: {err}");
+        // The slowed nodes, and a healthy one that a stall kept past so short a timeout.
+        assert!(causes.len() >= 3, "one cause per slowed node: {err}");
         for cause in &causes {
             assert_eq!(
                 cause,
@@ -104,14 +127,17 @@ async fn the_shipped_node_timeout_follows_the_ttl_and_late_keys_are_given_back()
                 "ttl {ttl:?}: {err}"
             );
         }
-        // It gave up at the node timeout, not when the slow answers came (300 ms).
+        // It gave up at the node timeout, not when the slow answers came (800 ms).
         assert!(
-            took < Duration::from_millis(250),
+            took < Duration::from_millis(600),
             "ttl {ttl:?}: took {took:?}"
         );
     }
-    // The slowed nodes' SETs landed after the round gave up; each is given back, long before
-    // the longest TTL (20 s) would have removed it.
+    // The slowed nodes' SETs land 400 ms after they were sent, after the rounds gave up; each
+    // is given back (its delete follows it on the connection), long before the longest TTL
+    // (20 s) would remove it. Looked at once they have surely landed: before, there is nothing
+    // to see yet.
+    tokio::time::sleep(Duration::from_secs(1)).await;
     no_key_left(&ep, &prefix, Duration::from_secs(5)).await;
 }
 
@@ -132,12 +158,16 @@ async fn a_quorum_with_too_little_validity_left_is_no_grant_and_leaves_no_key() 
     let backend = RedlockBackend::new(RedlockConfig::from_url(&url).unwrap()).unwrap();
     let l = locker(backend, Duration::from_secs(20), Renewal::Off);
 
-    // Fast nodes: the validity left is well above the minimum.
-    let lease = l
-        .try_acquire("fast")
-        .await
-        .unwrap()
-        .expect("a grant in time");
+    // Fast nodes: the validity left is well above the minimum. Tried a few times: the first
+    // round also connects to every node, which a loaded machine can stretch past ~98 ms.
+    let mut tries = Vec::new();
+    let lease = loop {
+        match l.try_acquire("fast").await {
+            Ok(Some(lease)) => break lease,
+            outcome if tries.len() < 4 => tries.push(outcome),
+            outcome => panic!("no grant in time in 5 tries: {tries:?}, {outcome:?}"),
+        }
+    };
     assert!(lease.release().await.unwrap());
 
     // Every answer takes 200 ms or more: a quorum, but too late.

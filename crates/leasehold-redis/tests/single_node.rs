@@ -239,7 +239,7 @@ async fn a_release_publishes_only_when_someone_waits() {
     let lease = l.try_acquire("k").await.unwrap().expect("free");
     let waiter = slow_polling(ep.url(), &prefix).await;
     let w = tokio::spawn(async move { waiter.acquire("k", Duration::from_secs(20)).await });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    common::until_waiting(&[ep.url().to_owned()], &prefix, 1).await;
     assert!(lease.release().await.unwrap());
     let woke = tokio::time::timeout(Duration::from_secs(5), messages.next()).await;
     assert!(
@@ -325,7 +325,7 @@ async fn only_an_acquire_that_finds_the_lock_held_subscribes() {
             common::redis(ep.url(), &prefix).await
         });
         let w = tokio::spawn(async move { waiter.acquire("k", Duration::from_secs(20)).await });
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        common::until_waiting(&[ep.url().to_owned()], &prefix, 1).await;
         assert!(holder.release().await.unwrap());
         let got = w.await.unwrap().unwrap();
         assert!(got.release().await.unwrap());
@@ -355,5 +355,5 @@ async fn a_release_hands_the_lock_on_in_arrival_order() {
         waiters.push(common::locker(backend));
         proxies.push(proxy);
     }
-    common::handed_on_in_arrival_order(holder, waiters).await;
+    common::handed_on_in_arrival_order(holder, waiters, &[ep.url().to_owned()], &prefix).await;
 }

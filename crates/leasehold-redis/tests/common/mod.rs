@@ -82,6 +82,45 @@ pub(crate) async fn messages(
     sub.into_on_message()
 }
 
+/// Polls the servers at `urls` until a majority of them (all of one) list `n` waiters
+/// announced on the key `k` under `prefix` (its `waiters` set, written in either mode by an
+/// attempt that found the lock held), 10 s at most: in place of a sleep that assumes a waiter
+/// came by. A majority, not all: a Redlock holder may hold the key on only a quorum of nodes
+/// (a node slow to answer its first request gets it given back), and a waiter announces
+/// itself only where it finds the key held.
+pub(crate) async fn until_waiting(urls: &[String], prefix: &str, n: usize) {
+    let mut conns = Vec::new();
+    for url in urls {
+        let client = redis::Client::open(url.as_str()).unwrap_or_else(|e| panic!("client: {e}"));
+        let c = client
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap_or_else(|e| panic!("connect: {e}"));
+        conns.push(c);
+    }
+    let set = format!("{prefix}{{k}}:waiters");
+    let until = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut listed = Vec::new();
+        for c in &mut conns {
+            let l: usize = redis::cmd("ZCARD")
+                .arg(&set)
+                .query_async(c)
+                .await
+                .unwrap_or_else(|e| panic!("ZCARD: {e}"));
+            listed.push(l);
+        }
+        if listed.iter().filter(|&&l| l >= n).count() > urls.len() / 2 {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < until,
+            "waiters listed per node {listed:?}, {n} on a majority expected after 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// Hands the key `k` from `holder` to a waiting `waiter` `rounds` times: each round the holder
 /// keeps it for `hold` while the waiter waits, then releases. Per round, how long after the
 /// release the waiter had it.
@@ -119,7 +158,8 @@ pub(crate) async fn handoff_lags(
 }
 
 /// `holder` takes `k`; `waiters` (each its own backend, as separate processes) start waiting
-/// for it 150 ms apart. Each release hands the lock on: to the waiters in the order they came,
+/// for it one after another, each once the one before has announced itself on the servers at
+/// `watch` (keys under `prefix`; see [`until_waiting`]). Each release hands the lock on: to the waiters in the order they came,
 /// and never back to the releaser asking again at once (the lock is the woken waiter's to
 /// claim). After the last waiter's release nobody waits, and the lock is free again.
 // Fails the test by panicking, like the tests themselves.
@@ -127,6 +167,8 @@ pub(crate) async fn handoff_lags(
 pub(crate) async fn handed_on_in_arrival_order(
     holder: leasehold_core::Locker,
     waiters: Vec<leasehold_core::Locker>,
+    watch: &[String],
+    prefix: &str,
 ) {
     let lease = holder.try_acquire("k").await.unwrap().expect("free");
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
@@ -137,7 +179,7 @@ pub(crate) async fn handed_on_in_arrival_order(
             let got = w.acquire("k", Duration::from_secs(30)).await;
             tx.send((i, got, w)).unwrap();
         });
-        tokio::time::sleep(Duration::from_millis(150)).await;
+        until_waiting(watch, prefix, i + 1).await;
     }
     let (mut lease, mut releaser) = (lease, holder);
     for expected in 0..n {
