@@ -17,11 +17,12 @@ async fn target() -> Option<ElectionTarget> {
     };
     let elections = dir.join("elections");
     // Waiting polls (backoff up to 500 ms): a hand-over takes at most one poll, plus slack.
+    // A 1 s TTL: a renewed leadership survives a stall of the loaded machine of ~600 ms.
     Some(
         ElectionTarget::new(
             Arc::new(primary),
             Arc::new(other),
-            Duration::from_millis(300),
+            Duration::from_secs(1),
             Duration::from_millis(1500),
         )
         .with_expire(Arc::new(move |lease| {

@@ -115,7 +115,10 @@ impl LockBackend for SlowAnswers {
 pub async fn watchdog(t: &Target) -> Result<(), Failure> {
     const CHECK: &str = "watchdog";
     let key = unique_key(CHECK)?;
-    let ttl = t.short_ttl;
+    // At least 1 s: a renewed lease survives a stall of the loaded test machine shorter than
+    // about two thirds of its TTL, and 300 ms TTLs made that a 200 ms stall. A renewal that
+    // never happens still loses the lease within one TTL.
+    let ttl = t.short_ttl.max(Duration::from_secs(1));
     let l1 = t.locker(&t.primary, ttl, leasehold_core::Renewal::Auto)?;
     let l2 = t.locker(&t.other, t.long_ttl(), leasehold_core::Renewal::Off)?;
     let a = op(CHECK, "try_acquire", l1.try_acquire(&key).await)?
