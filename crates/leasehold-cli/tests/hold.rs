@@ -627,7 +627,12 @@ async fn a_signal_while_acquiring_exits_128_plus_n() {
     .spawn()
     .unwrap();
     let holder = eventually_child_of(waiting.id().unwrap()).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    eventually(
+        "the holder handles SIGTERM",
+        Duration::from_secs(10),
+        || catches(holder, 15),
+    )
+    .await;
     std::process::Command::new("kill")
         .arg(holder.to_string())
         .status()
@@ -649,7 +654,10 @@ async fn a_signal_while_acquiring_exits_128_plus_n() {
     .spawn()
     .unwrap();
     let pid = waiting.id().unwrap();
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    eventually("run handles SIGINT", Duration::from_secs(10), || {
+        catches(pid, 2)
+    })
+    .await;
     std::process::Command::new("kill")
         .args(["-INT", &pid.to_string()])
         .status()

@@ -22,9 +22,10 @@ async fn waiters_are_woken_by_the_release_message_not_by_polling() {
     let holder = common::locker(common::redis(ep.url(), &prefix).await);
     let waiter = slow_polling(ep.url(), &prefix).await;
     let lags = common::handoff_lags(&holder, &waiter, Duration::from_millis(100), 5).await;
+    // Polling would take ~30 s; 5 s leaves room for a stall of the loaded machine.
     for lag in lags {
         assert!(
-            lag < Duration::from_millis(500),
+            lag < Duration::from_secs(5),
             "waiter took {lag:?}: polled, not woken"
         );
     }

@@ -131,6 +131,19 @@ pub(crate) fn alive(pid: u32) -> bool {
     }
 }
 
+/// Whether process `pid` has a handler for signal number `signal` (its `SigCgt` mask in
+/// `/proc`): a process signalled before it installed one dies by the default action instead.
+pub(crate) fn catches(pid: u32, signal: u32) -> bool {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+        return false;
+    };
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigCgt:"))
+        .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+        .is_some_and(|mask| mask & (1 << (signal - 1)) != 0)
+}
+
 /// Polls `cond` every 20 ms until it holds, failing after `limit`.
 pub(crate) async fn eventually(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
     let t0 = Instant::now();
