@@ -143,7 +143,18 @@ async fn a_backend_that_does_not_answer_keeps_it_trying() {
         .port();
     let url = format!("redis://127.0.0.1:{port}");
     let mut a = Candidate::start(&rt, &dir, ("k", &url), "a", &[], IDLE, &[]);
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Until it says so (a debug build's start can take seconds on a loaded machine), then a
+    // while longer: it must still be trying.
+    let t0 = tokio::time::Instant::now();
+    while !a.stderr().contains("trying again") {
+        assert!(
+            t0.elapsed() < Duration::from_secs(15),
+            "no retry: {}",
+            a.stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(
         a.child.try_wait().unwrap().is_none(),
         "elect gave up: {}",
