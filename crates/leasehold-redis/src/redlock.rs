@@ -517,7 +517,11 @@ impl LockBackend for RedlockBackend {
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
         let names = names(&self.inner.config.prefix, key);
-        let per_node = self.node_timeout(Duration::from_secs(10));
+        // Not on the lock path, and often a new process's first request (the CLI's `status`):
+        // each node's bound includes the connect. With only the per-node timeout (50 ms), a
+        // `status` on a loaded machine reached 1 of 5 nodes and failed for want of a quorum.
+        let per_node =
+            self.inner.config.connect_timeout + self.node_timeout(Duration::from_secs(10));
         let mut found: Vec<(Owner, Option<Duration>)> = Vec::new();
         let mut reached = 0;
         let answers = join_all(self.inner.nodes.iter().map(|node| {
