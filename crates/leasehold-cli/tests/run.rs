@@ -9,6 +9,7 @@ use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
 use leasehold_test_support::services::unique_prefix;
+use tokio::io::AsyncBufReadExt as _;
 use tokio::process::Command;
 
 const BIN: &str = env!("CARGO_BIN_EXE_leasehold");
@@ -92,19 +93,28 @@ async fn a_second_run_fails_waits_or_times_out_as_its_flags_say() {
     // on a loaded machine) must all start while it is held.
     let hold = Duration::from_secs(8);
     let started = Instant::now();
-    let mut first = leasehold(&["run", "--key", "k", "--url", &u, "--", "sleep", "8"])
-        .spawn()
-        .unwrap();
-    // Wait until the first holds it.
-    let lock = dir.join("k.lock");
-    let t0 = Instant::now();
-    while !lock.exists() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "the first run never locked"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let mut first = leasehold(&[
+        "run",
+        "--key",
+        "k",
+        "--url",
+        &u,
+        "--",
+        "sh",
+        "-c",
+        "echo held; exec sleep 8",
+    ])
+    .stdout(Stdio::piped())
+    .spawn()
+    .unwrap();
+    // Its command runs only once the lock is held (the lock file exists a moment before).
+    let mut line = String::new();
+    let mut out = tokio::io::BufReader::new(first.stdout.take().expect("stdout"));
+    tokio::time::timeout(Duration::from_secs(20), out.read_line(&mut line))
+        .await
+        .expect("the first run's command starts within 20 s")
+        .expect("read its stdout");
+    assert_eq!(line.trim(), "held", "the first run never locked");
 
     let out = output(&["run", "--key", "k", "--url", &u, "--no-wait", "--", "true"]).await;
     assert_eq!(out.status.code(), Some(75), "contention: {out:?}");

@@ -33,39 +33,6 @@ async fn proxies(
     (proxies, urls)
 }
 
-/// Waits (up to `within`) until no lock key of `prefix` is left on any node, read directly
-/// (not through the proxies); panics with the counts if some stay.
-async fn no_key_left(
-    ep: &leasehold_test_support::services::Endpoints,
-    prefix: &str,
-    within: Duration,
-) {
-    let direct = direct(ep, prefix);
-    let deadline = Instant::now() + within;
-    loop {
-        let counts = direct.count_lock_keys("").await.unwrap();
-        if counts.iter().all(|&c| c == 0) {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "lock keys left {within:?} after the round: {counts:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-/// The Redlock nodes of `ep`, reached directly (not through the proxies).
-fn direct(ep: &leasehold_test_support::services::Endpoints, prefix: &str) -> RedlockBackend {
-    RedlockBackend::new(
-        RedlockConfig::from_urls(ep.urls())
-            .unwrap()
-            .with_prefix(prefix)
-            .unwrap(),
-    )
-    .unwrap()
-}
-
 fn shipped(urls: &[String], prefix: &str, ttl: Duration) -> Locker {
     // No with_node_timeout: the derivation from the TTL is what is tested.
     let config = RedlockConfig::from_urls(urls)
@@ -85,8 +52,8 @@ async fn the_shipped_node_timeout_follows_the_ttl_and_late_keys_are_given_back()
         (Duration::from_secs(2), Duration::from_millis(10)),    // ttl / 200
         (Duration::from_secs(20), Duration::from_millis(50)),   // ttl / 200 = 100 ms: at most 50
     ];
-    // Each locker connected to every node first: a first round that also connects can outlast
-    // a 5 ms timeout on a loaded machine.
+    // Each locker granted once first, so that its connections are open (at least a quorum's):
+    // a first round that also connects can outlast a 5 ms timeout on a loaded machine.
     let mut lockers = Vec::new();
     for (ttl, _) in shipped_timeouts {
         let l = shipped(&urls, &prefix, ttl);
@@ -99,6 +66,7 @@ async fn the_shipped_node_timeout_follows_the_ttl_and_late_keys_are_given_back()
                 }
                 outcome => assert!(t0.elapsed() < Duration::from_secs(10), "{outcome:?}"),
             }
+            tokio::time::sleep(Duration::from_millis(10)).await;
         }
         lockers.push(l);
     }
@@ -119,7 +87,10 @@ async fn the_shipped_node_timeout_follows_the_ttl_and_late_keys_are_given_back()
             .map(|n| n.error.message().to_owned())
             .collect();
         // The slowed nodes, and a healthy one that a stall kept past so short a timeout.
-        assert!(causes.len() >= 3, "one cause per slowed node: {err}");
+        assert!(
+            (3..=5).contains(&causes.len()),
+            "one cause per slowed node: {err}"
+        );
         for cause in &causes {
             assert_eq!(
                 cause,
@@ -135,10 +106,10 @@ async fn the_shipped_node_timeout_follows_the_ttl_and_late_keys_are_given_back()
     }
     // The slowed nodes' SETs land 400 ms after they were sent, after the rounds gave up; each
     // is given back (its delete follows it on the connection), long before the longest TTL
-    // (20 s) would remove it. Looked at once they have surely landed: before, there is nothing
-    // to see yet.
+    // (20 s) would remove it. Looked at after 1 s: before they land there is nothing to see
+    // (a stall of more than ~600 ms would make this look too early, and pass, as before).
     tokio::time::sleep(Duration::from_secs(1)).await;
-    no_key_left(&ep, &prefix, Duration::from_secs(5)).await;
+    common::no_lock_keys_left(ep.urls(), &prefix, Duration::from_secs(5)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -180,5 +151,5 @@ async fn a_quorum_with_too_little_validity_left_is_no_grant_and_leaves_no_key() 
     for p in &proxies {
         p.pass();
     }
-    no_key_left(&ep, &prefix, Duration::from_secs(5)).await;
+    common::no_lock_keys_left(ep.urls(), &prefix, Duration::from_secs(5)).await;
 }

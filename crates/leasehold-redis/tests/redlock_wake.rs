@@ -57,7 +57,7 @@ async fn many_redlock_waiters_each_get_the_lock() {
             })
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    common::until_waiting(ep.urls(), &prefix, 8).await;
     let started = Instant::now();
     assert!(lease.release().await.unwrap());
     for t in tasks {
@@ -65,17 +65,7 @@ async fn many_redlock_waiters_each_get_the_lock() {
     }
     let took = started.elapsed();
     assert!(took < Duration::from_secs(10), "8 handoffs took {took:?}");
-    // A release returns once a quorum let go; the other nodes' deletes may still be on the way.
-    let counter = common::redlock(ep.urls(), &prefix);
-    let until = Instant::now() + Duration::from_secs(5);
-    loop {
-        let left = counter.count_lock_keys("").await.unwrap();
-        if left.iter().all(|&n| n == 0) {
-            break;
-        }
-        assert!(Instant::now() < until, "keys left after 5 s: {left:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    common::no_lock_keys_left(ep.urls(), &prefix, Duration::from_secs(5)).await;
 }
 
 /// The nodes hand the lock to the same waiter, the one that came first (its ticket orders

@@ -5,8 +5,8 @@
 //! replica is promoted and the same backend finds it and works again. Counts the grants a
 //! second client gets again after the failover (double grants) and the fencing tokens that went
 //! back: some without the replica-sync check, none with it (`WAIT` for both replicas: a grant
-//! the replicas do not have is given back, not counted). The topology is restored (`scripts/services failover-reset`) after each
-//! test, even a failed one. Own test binary: one failover at a time.
+//! the replicas do not have is given back, not counted). The topology is restored
+//! (`scripts/services failover-reset`) after each test, even a failed one. Own test binary: one failover at a time.
 
 // Helpers outside #[test] fns fail the test by panicking, like the tests themselves.
 #![allow(clippy::unwrap_used, clippy::expect_used)]

@@ -8,14 +8,14 @@ use leasehold_test_support::conformance::election::ElectionTarget;
 
 async fn target() -> Option<Target> {
     let shared: Arc<dyn LockBackend> = Arc::new(MemoryBackend::new());
-    // A native wait: the hand-over is a wake-up, far under the TTL (a candidate that only
-    // took over at the expiry would take the whole 2 s); the bound leaves room for a stall of
-    // the loaded machine.
+    // A native wait: the hand-over is a wake-up. 300 ms leaves room for a stall of the loaded
+    // machine; a candidate polling with the default backoff (up to 500 ms) would often, not
+    // always, take longer.
     Some(ElectionTarget::new(
         Arc::clone(&shared),
         shared,
         Duration::from_secs(2),
-        Duration::from_secs(1),
+        Duration::from_millis(300),
     ))
 }
 

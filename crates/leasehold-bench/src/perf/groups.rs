@@ -33,8 +33,8 @@ const FAIR_GRACE: Duration = Duration::from_secs(2);
 /// validity window of 750 ms (it did once, in the throughput scenario): the lease is then
 /// lost on arrival, correctly, and `--quick` would fail on a timing (so did a health check in
 /// the fleet group once: a session's 110 leases reported lost). The full run keeps the default
-/// that users get. 2.5 s: the window (250 ms + this) stays within the fleet's 3 s TTL, the
-/// shortest the backend then accepts.
+/// that users get. 2.5 s: the window (250 ms + this, 2.75 s) stays under the fleet's 3 s TTL
+/// (the backend refuses a TTL shorter than its window).
 const QUICK_PG_HEALTH_TIMEOUT: Duration = Duration::from_millis(2_500);
 
 /// A group: one backend on one deployment, the implementations compared on it, and what

@@ -121,6 +121,27 @@ pub(crate) async fn until_waiting(urls: &[String], prefix: &str, n: usize) {
     }
 }
 
+/// Polls the Redlock nodes `urls` until none holds a lock key under `prefix`, `within` at most
+/// (a release returns once a quorum let go; the other nodes' deletes may still be on the way).
+pub(crate) async fn no_lock_keys_left(urls: &[String], prefix: &str, within: Duration) {
+    let counter = redlock(urls, prefix);
+    let until = tokio::time::Instant::now() + within;
+    loop {
+        let left = counter
+            .count_lock_keys("")
+            .await
+            .unwrap_or_else(|e| panic!("count: {e}"));
+        if left.iter().all(|&n| n == 0) {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < until,
+            "lock keys left after {within:?}: {left:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Hands the key `k` from `holder` to a waiting `waiter` `rounds` times: each round the holder
 /// keeps it for `hold` while the waiter waits, then releases. Per round, how long after the
 /// release the waiter had it.
@@ -159,9 +180,9 @@ pub(crate) async fn handoff_lags(
 
 /// `holder` takes `k`; `waiters` (each its own backend, as separate processes) start waiting
 /// for it one after another, each once the one before has announced itself on the servers at
-/// `watch` (keys under `prefix`; see [`until_waiting`]). Each release hands the lock on: to the waiters in the order they came,
-/// and never back to the releaser asking again at once (the lock is the woken waiter's to
-/// claim). After the last waiter's release nobody waits, and the lock is free again.
+/// `watch` (keys under `prefix`; see [`until_waiting`]). Each release hands the lock on: to
+/// the waiters in the order they came, and never back to the releaser asking again at once
+/// (the lock is the woken waiter's to claim). After the last waiter's release nobody waits, and the lock is free again.
 // Fails the test by panicking, like the tests themselves.
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 pub(crate) async fn handed_on_in_arrival_order(
