@@ -450,12 +450,18 @@ mod tests {
     use leasehold_test_support::require_service;
     use leasehold_test_support::services::{Service, unique_prefix};
 
+    /// Held by each test of this module for its whole run: `SCRIPT FLUSH` (below) empties the
+    /// server's script cache under the others' feet, and a flush between another test's reload
+    /// and its retry fails that test's request (seen once, as `NoScript`).
+    static SCRIPTS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
     /// The scripts run by SHA. After `SCRIPT FLUSH` (what a restarted server without them looks
     /// like) every request loads its script again and succeeds: acquire (plain and fair),
     /// extend and release.
     #[tokio::test]
     async fn scripts_are_loaded_again_after_script_flush() {
         let ep = require_service!(Service::Redis);
+        let _alone = SCRIPTS.lock().await;
         let prefix = format!("{}:", unique_prefix("noscript"));
         let config = RedisConfig::from_url(ep.url())
             .and_then(|c| c.with_prefix(&prefix))
@@ -507,6 +513,7 @@ mod tests {
     #[tokio::test]
     async fn a_waiters_give_back_keeps_its_place_on_the_wait_list() {
         let ep = require_service!(Service::Redis);
+        let _alone = SCRIPTS.lock().await;
         let prefix = format!("{}:", unique_prefix("giveback"));
         let config = RedisConfig::from_url(ep.url())
             .and_then(|c| c.with_prefix(&prefix))
