@@ -450,6 +450,14 @@ mod tests {
     use leasehold_test_support::require_service;
     use leasehold_test_support::services::{Service, unique_prefix};
 
+    /// A config for `url` with a fresh prefix named after `test`.
+    fn config(url: &str, test: &str) -> RedisConfig {
+        let prefix = format!("{}:", unique_prefix(test));
+        RedisConfig::from_url(url)
+            .and_then(|c| c.with_prefix(&prefix))
+            .unwrap()
+    }
+
     /// Held by each test of this module for its whole run: `SCRIPT FLUSH` (below) empties the
     /// server's script cache under the others' feet, and a flush between another test's reload
     /// and its retry fails that test's request (seen once, as `NoScript`).
@@ -462,10 +470,7 @@ mod tests {
     async fn scripts_are_loaded_again_after_script_flush() {
         let ep = require_service!(Service::Redis);
         let _alone = SCRIPTS.lock().await;
-        let prefix = format!("{}:", unique_prefix("noscript"));
-        let config = RedisConfig::from_url(ep.url())
-            .and_then(|c| c.with_prefix(&prefix))
-            .unwrap();
+        let config = config(ep.url(), "noscript");
         let plain = RedisBackend::connect(config.clone()).await.unwrap();
         let fair = RedisBackend::connect(config.with_fair_queue(Duration::from_secs(1)).unwrap())
             .await
@@ -514,10 +519,7 @@ mod tests {
     async fn a_waiters_give_back_keeps_its_place_on_the_wait_list() {
         let ep = require_service!(Service::Redis);
         let _alone = SCRIPTS.lock().await;
-        let prefix = format!("{}:", unique_prefix("giveback"));
-        let config = RedisConfig::from_url(ep.url())
-            .and_then(|c| c.with_prefix(&prefix))
-            .unwrap();
+        let config = config(ep.url(), "giveback");
         let backend = RedisBackend::connect(config).await.unwrap();
         let node = &backend.inner.node;
         let key = LockKey::new("k").unwrap();
