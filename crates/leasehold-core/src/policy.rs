@@ -38,8 +38,15 @@ impl Default for Drift {
 impl Drift {
     /// The margin for a lease of `ttl`. Never panics; an invalid factor counts as the whole TTL.
     pub fn margin(&self, ttl: Duration) -> Duration {
-        let proportional =
-            Duration::try_from_secs_f64(ttl.as_secs_f64() * self.factor).unwrap_or(ttl);
+        // In whole nanoseconds, rounded up (a margin never shorter than the exact product):
+        // `Duration::try_from_secs_f64` cost more than the rest of a lease's renewal
+        // bookkeeping, and this runs once per lease per renewal. The cast saturates; below a
+        // factor of 1 the product stays under `ttl`.
+        let proportional = if (0.0..1.0).contains(&self.factor) {
+            Duration::from_nanos((ttl.as_secs_f64() * 1e9 * self.factor).ceil() as u64)
+        } else {
+            ttl
+        };
         proportional.saturating_add(self.fixed)
     }
 
@@ -321,6 +328,25 @@ mod tests {
             d.deadline(Validity::new(from, Duration::from_secs(10))),
             from + Duration::from_millis(9_898)
         );
+        // Rounded up to the nanosecond, never below the exact product.
+        let third = Drift {
+            factor: 1.0 / 3.0,
+            fixed: Duration::ZERO,
+        };
+        assert_eq!(
+            third.margin(Duration::from_nanos(10)),
+            Duration::from_nanos(4)
+        );
+        assert_eq!(third.margin(Duration::from_secs(3)), Duration::from_secs(1));
+        // Never panics: an absurd TTL saturates, an invalid factor takes the whole TTL.
+        assert!(d.margin(Duration::MAX) > Duration::from_secs(1 << 30));
+        for factor in [f64::NAN, -0.5, 1.0, f64::INFINITY] {
+            let bad = Drift {
+                factor,
+                fixed: Duration::ZERO,
+            };
+            assert_eq!(bad.margin(Duration::from_secs(3)), Duration::from_secs(3));
+        }
     }
 
     #[test]

@@ -182,9 +182,14 @@ impl RedlockBackend {
 
     /// Validity left after `elapsed` since `started`, if at least the configured minimum.
     fn validity_left(&self, started: Instant, ttl: Duration) -> Option<Duration> {
+        self.validity_left_at(started, ttl, Instant::now())
+    }
+
+    /// [`validity_left`](Self::validity_left) as of `now`.
+    fn validity_left_at(&self, started: Instant, ttl: Duration, now: Instant) -> Option<Duration> {
         let c = &self.inner.config;
         let left = ttl
-            .checked_sub(started.elapsed())?
+            .checked_sub(now.saturating_duration_since(started))?
             .checked_sub(c.drift.margin(ttl))?;
         (left >= c.min_validity).then_some(left)
     }
@@ -488,6 +493,11 @@ impl LockBackend for RedlockBackend {
         )
         .await;
         let quorum = self.quorum();
+        // Every answer is in: the validity left is judged as of now, once per start and TTL
+        // (a batch's leases share both, and the clock and the drift margin cost more than the
+        // rest of a lease's tally).
+        let now = Instant::now();
+        let mut judged: Option<(Instant, Duration, bool)> = None;
         // The majority rule, per lease: counted first (the usual case, a quorum said yes),
         // the full tally only for a lease without one.
         reqs.iter()
@@ -498,9 +508,17 @@ impl LockBackend for RedlockBackend {
                     .filter(|a| matches!(a.get(i), Some(Ok(true))))
                     .count();
                 if yes >= quorum {
-                    return Ok(self
-                        .validity_left(req.started, req.ttl)
-                        .map(|_| req.ttl_validity()));
+                    let valid = match judged {
+                        Some((started, ttl, valid)) if (started, ttl) == (req.started, req.ttl) => {
+                            valid
+                        }
+                        _ => {
+                            let valid = self.validity_left_at(req.started, req.ttl, now).is_some();
+                            judged = Some((req.started, req.ttl, valid));
+                            valid
+                        }
+                    };
+                    return Ok(valid.then(|| req.ttl_validity()));
                 }
                 let mut tally = self.tally("extend", "extended", "held by another owner");
                 for (slot, answers) in tally.outcomes.iter_mut().zip(&answers) {
