@@ -142,7 +142,7 @@ async fn the_command_has_its_own_process_group_except_in_a_terminals_foreground(
     );
     let out = std::process::Command::new("script")
         .args(["-qec", &inner, "/dev/null"])
-        .env("LEASEHOLD_RUNTIME_DIR", &dir)
+        .env("LEASEHOLD_RUNTIME_DIR", dir.path())
         .stdin(std::process::Stdio::null())
         .output()
         .expect("script(1) runs (util-linux)");
@@ -244,7 +244,7 @@ async fn release_touches_only_a_holders_state_file_in_a_private_folder_of_ours()
     let rt = folder("cli_handle");
     let release = |h: &Path| {
         let h = h.display().to_string();
-        let rt = rt.clone();
+        let rt = rt.path().to_owned();
         async move { output(&rt, &["release", "--handle", &h]).await }
     };
     // Any other file that reads like a record: refused, kept.

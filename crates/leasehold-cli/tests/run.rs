@@ -4,18 +4,18 @@
 // Helpers outside #[test] fns fail the test by panicking, like the tests themselves.
 #![allow(clippy::expect_used)]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
-use leasehold_test_support::services::unique_prefix;
+use leasehold_test_support::services::TempFolder;
 use tokio::io::AsyncBufReadExt as _;
 use tokio::process::Command;
 
 const BIN: &str = env!("CARGO_BIN_EXE_leasehold");
 
-fn folder(test: &str) -> PathBuf {
-    std::env::temp_dir().join(unique_prefix(test))
+fn folder(test: &str) -> TempFolder {
+    TempFolder::new(test)
 }
 
 fn url(dir: &Path) -> String {

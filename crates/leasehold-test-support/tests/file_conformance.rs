@@ -6,11 +6,11 @@ use std::time::Duration;
 
 use leasehold_file::{FileBackend, FileConfig};
 use leasehold_test_support::conformance::Target;
-use leasehold_test_support::services::unique_prefix;
+use leasehold_test_support::services::TempFolder;
 
 async fn target() -> Option<Target> {
-    let dir = std::env::temp_dir().join(unique_prefix("file-conformance"));
-    let config = FileConfig::new(&dir).with_check_interval(Duration::from_millis(50));
+    let dir = TempFolder::new("file-conformance");
+    let config = FileConfig::new(dir.path()).with_check_interval(Duration::from_millis(50));
     let (primary, other) = match (FileBackend::new(config.clone()), FileBackend::new(config)) {
         (Ok(p), Ok(o)) => (p, o),
         (Err(e), _) | (_, Err(e)) => panic!("file backend: {e}"),
@@ -32,7 +32,8 @@ async fn target() -> Option<Target> {
                 // Someone deletes the lock file: the holder is told, others may lock anew.
                 let _ = std::fs::remove_file(&path);
             })
-        })),
+        }))
+        .keeping(dir),
     )
 }
 

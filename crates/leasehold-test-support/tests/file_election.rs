@@ -6,11 +6,11 @@ use std::time::Duration;
 
 use leasehold_file::{FileBackend, FileConfig};
 use leasehold_test_support::conformance::election::ElectionTarget;
-use leasehold_test_support::services::unique_prefix;
+use leasehold_test_support::services::TempFolder;
 
 async fn target() -> Option<ElectionTarget> {
-    let dir = std::env::temp_dir().join(unique_prefix("file-election"));
-    let config = FileConfig::new(&dir).with_check_interval(Duration::from_millis(50));
+    let dir = TempFolder::new("file-election");
+    let config = FileConfig::new(dir.path()).with_check_interval(Duration::from_millis(50));
     let (primary, other) = match (FileBackend::new(config.clone()), FileBackend::new(config)) {
         (Ok(p), Ok(o)) => (p, o),
         (Err(e), _) | (_, Err(e)) => panic!("file backend: {e}"),
@@ -34,7 +34,8 @@ async fn target() -> Option<ElectionTarget> {
                     let _ = std::fs::remove_file(&path);
                 }
             })
-        })),
+        }))
+        .keeping(dir),
     )
 }
 

@@ -7,11 +7,11 @@ use std::time::Duration;
 use leasehold_core::{LockBackend, PermitLimit};
 use leasehold_file::{FileBackend, FileConfig};
 use leasehold_test_support::conformance::Target;
-use leasehold_test_support::services::unique_prefix;
+use leasehold_test_support::services::TempFolder;
 
 async fn target() -> Option<Target> {
-    let dir = std::env::temp_dir().join(unique_prefix("file-semaphore"));
-    let config = FileConfig::new(&dir).with_check_interval(Duration::from_millis(50));
+    let dir = TempFolder::new("file-semaphore");
+    let config = FileConfig::new(dir.path()).with_check_interval(Duration::from_millis(50));
     let (primary, other) = match (FileBackend::new(config.clone()), FileBackend::new(config)) {
         (Ok(p), Ok(o)) => (p, o),
         (Err(e), _) | (_, Err(e)) => panic!("file backend: {e}"),
@@ -38,7 +38,8 @@ async fn target() -> Option<Target> {
                     .unwrap_or_else(|| panic!("no slot file holds {:?}", lease.owner()));
                 std::fs::remove_file(ours).unwrap_or_else(|e| panic!("{ours}: {e}"));
             })
-        })),
+        }))
+        .keeping(dir),
     )
 }
 

@@ -5,11 +5,11 @@ use std::time::Duration;
 
 use leasehold_core::{LockKey, Locker};
 use leasehold_file::{FileBackend, FileConfig};
-use leasehold_test_support::services::unique_prefix;
+use leasehold_test_support::services::TempFolder;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flock_and_leasehold_exclude_each_other() {
-    let dir = std::env::temp_dir().join(unique_prefix("flock"));
+    let dir = TempFolder::new("flock");
     let backend = FileBackend::new(FileConfig::new(&dir)).unwrap();
     let key = LockKey::new("nightly").unwrap();
     let path = backend.lock_path(&key);

@@ -10,20 +10,16 @@ use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
-use leasehold_test_support::services::unique_prefix;
+use leasehold_test_support::services::TempFolder;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 use tokio::process::{Child, Command};
 
 pub(crate) const BIN: &str = env!("CARGO_BIN_EXE_leasehold");
 
-/// A private folder (mode 0700) for one test (runtime folder, lock files).
-pub(crate) fn folder(test: &str) -> PathBuf {
-    use std::os::unix::fs::PermissionsExt;
-    let dir = std::env::temp_dir().join(unique_prefix(test));
-    std::fs::create_dir_all(&dir).expect("temp folder");
-    // Private, as leasehold requires of a runtime folder.
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).expect("chmod");
-    dir
+/// A private folder (mode 0700, as leasehold requires of a runtime folder) for one test
+/// (runtime folder, lock files), removed when dropped.
+pub(crate) fn folder(test: &str) -> TempFolder {
+    TempFolder::new(test)
 }
 
 /// `leasehold ARGS` with its runtime folder in `rt`.

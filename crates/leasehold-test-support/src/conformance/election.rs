@@ -31,6 +31,9 @@ pub struct ElectionTarget {
     pub handoff: Duration,
     /// Makes a leadership lapse for real; without it the check lets an unrenewed one expire.
     pub expire: Option<ExpireHook>,
+    /// What must live as long as the backends (a test folder), dropped with the last clone of
+    /// the target.
+    pub keep: Option<Arc<dyn std::any::Any + Send + Sync>>,
 }
 
 impl ElectionTarget {
@@ -47,6 +50,7 @@ impl ElectionTarget {
             ttl,
             handoff,
             expire: None,
+            keep: None,
         }
     }
 
@@ -54,6 +58,12 @@ impl ElectionTarget {
     pub fn with_expire(self, hook: ExpireHook) -> Self {
         let expire = Some(hook);
         Self { expire, ..self }
+    }
+
+    /// Keeps `value` (a test folder the backends use) until the target is dropped.
+    pub fn keeping(self, value: impl std::any::Any + Send + Sync) -> Self {
+        let keep: Option<Arc<dyn std::any::Any + Send + Sync>> = Some(Arc::new(value));
+        Self { keep, ..self }
     }
 
     /// Candidate `n` (alternating between the two clients) for `key`, publishing `value`.

@@ -37,6 +37,9 @@ pub struct Target {
     pub expire: Option<ExpireHook>,
     /// How long background releases may take to land.
     pub settle: Duration,
+    /// What must live as long as the backends (a test folder), dropped with the last clone of
+    /// the target.
+    pub keep: Option<Arc<dyn std::any::Any + Send + Sync>>,
 }
 
 impl Target {
@@ -53,6 +56,7 @@ impl Target {
             held: None,
             expire: None,
             settle: Duration::from_secs(5),
+            keep: None,
         }
     }
 
@@ -66,6 +70,12 @@ impl Target {
     pub fn with_expire(self, hook: ExpireHook) -> Self {
         let expire = Some(hook);
         Self { expire, ..self }
+    }
+
+    /// Keeps `value` (a test folder the backends use) until the target is dropped.
+    pub fn keeping(self, value: impl std::any::Any + Send + Sync) -> Self {
+        let keep: Option<Arc<dyn std::any::Any + Send + Sync>> = Some(Arc::new(value));
+        Self { keep, ..self }
     }
 
     pub(super) fn caps(&self) -> Capabilities {

@@ -129,6 +129,58 @@ pub fn unique_prefix(test: &str) -> String {
     format!("lh-test-{tag:08x}-{test}")
 }
 
+/// A private folder (mode 0700) for one test under the system's temporary folder, named by
+/// [`unique_prefix`]; removed with everything in it when dropped, so runs leave nothing behind.
+/// Keep it alive as long as anything uses the path (a backend, a child process).
+#[derive(Debug)]
+pub struct TempFolder {
+    path: std::path::PathBuf,
+}
+
+impl TempFolder {
+    /// Creates the folder; panics if it cannot (a test cannot go on without it).
+    pub fn new(test: &str) -> Self {
+        use std::os::unix::fs::DirBuilderExt as _;
+        let path = std::env::temp_dir().join(unique_prefix(test));
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&path)
+            .unwrap_or_else(|e| panic!("test folder {}: {e}", path.display()));
+        Self { path }
+    }
+
+    /// The folder's path.
+    pub fn path(&self) -> &std::path::Path {
+        &self.path
+    }
+}
+
+impl std::ops::Deref for TempFolder {
+    type Target = std::path::Path;
+
+    fn deref(&self) -> &std::path::Path {
+        &self.path
+    }
+}
+
+impl AsRef<std::path::Path> for TempFolder {
+    fn as_ref(&self) -> &std::path::Path {
+        &self.path
+    }
+}
+
+impl AsRef<std::ffi::OsStr> for TempFolder {
+    fn as_ref(&self) -> &std::ffi::OsStr {
+        self.path.as_os_str()
+    }
+}
+
+impl Drop for TempFolder {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -141,5 +193,19 @@ mod tests {
         assert!(a.starts_with("lh-test-"), "{a}");
         assert!(a.ends_with("-my__test"), "{a}");
         assert_eq!(a.len(), "lh-test-".len() + 8 + "-my__test".len());
+    }
+
+    /// A test folder is private, and goes with what is in it when dropped.
+    #[test]
+    fn a_test_folder_is_private_and_removed_when_dropped() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let folder = TempFolder::new("folder");
+        let path = folder.path().to_owned();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o700);
+        std::fs::create_dir(path.join("inner")).unwrap();
+        std::fs::write(path.join("inner/file"), b"x").unwrap();
+        drop(folder);
+        assert!(!path.exists(), "{} left behind", path.display());
     }
 }
