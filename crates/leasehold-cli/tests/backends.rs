@@ -210,7 +210,6 @@ async fn scenarios(test: &str, case: Case, lose: Fault) {
     lost_mid_run(&rt, &case, &k("lost-run"), &lose).await;
     acquire_status_release(&rt, &case, &k("hold")).await;
     lost_while_held(&rt, &case, &k("lost-hold"), &lose).await;
-    let _ = std::fs::remove_dir_all(&rt);
 }
 
 /// A fresh key for a test that takes the lock by hand too.
@@ -293,7 +292,6 @@ async fn redis_by_hand_as_the_guide_shows() {
     assert_eq!(rel.status.code(), Some(0));
     assert_eq!(redis_cli(url, &["EXISTS", &name]), "0");
     redis_cli(url, &["DEL", &format!("{name}:fence")]);
-    let _ = std::fs::remove_dir_all(&rt);
 }
 
 // ----- Redlock -----
@@ -343,7 +341,6 @@ async fn redlock_by_hand_on_a_majority() {
     }
     let out = run_true(&rt, &key, &url, &["--no-wait"]).await;
     assert_eq!(out.status.code(), Some(0), "{out:?}");
-    let _ = std::fs::remove_dir_all(&rt);
 }
 
 // ----- PostgreSQL -----
@@ -437,7 +434,6 @@ async fn postgres_by_hand_as_the_guide_shows() {
     let rel = output(&rt, &["release", "--key", &key]).await;
     assert_eq!(rel.status.code(), Some(0));
     assert_eq!(psql(&url, &["-c", &function, "-c", &try_lock]), "t");
-    let _ = std::fs::remove_dir_all(&rt);
 }
 
 // ----- etcd -----
@@ -562,7 +558,6 @@ async fn etcd_a_wait_that_runs_out_leaves_no_waiter_behind() {
     );
     let rel = output(&rt, &["release", "--handle", &ex["LEASEHOLD_HANDLE"]]).await;
     assert_eq!(rel.status.code(), Some(0), "{rel:?}");
-    let _ = std::fs::remove_dir_all(&rt);
 }
 
 #[tokio::test]
@@ -621,5 +616,4 @@ async fn etcd_by_hand_as_the_guide_shows() {
         .unwrap()
         .unwrap();
     assert_eq!(String::from_utf8_lossy(&done.stdout).trim(), "mine");
-    let _ = std::fs::remove_dir_all(&rt);
 }

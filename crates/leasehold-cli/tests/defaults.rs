@@ -87,7 +87,6 @@ async fn a_command_that_ignores_sigterm_is_killed_after_the_grace_period() {
         group_members(leader).is_empty()
     })
     .await;
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Runs `leasehold run --key KEY` (no `--url`, no `LEASEHOLD_*` location) with `HOME`,
@@ -150,7 +149,6 @@ async fn without_a_url_locks_live_in_the_per_user_folder_whatever_home_and_tmpdi
         assert_eq!(lines.get(1), Some(&"held"), "{out}");
         // Nothing went into the decoy folders.
         assert_eq!(std::fs::read_dir(&decoy).unwrap().count(), 0, "{context}");
-        let _ = std::fs::remove_dir_all(&decoy);
     }
     // Both contexts used one folder: the second run's token follows the first's.
     assert_eq!(tokens[1], tokens[0] + 1, "{tokens:?}");

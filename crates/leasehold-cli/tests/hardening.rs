@@ -80,7 +80,6 @@ async fn a_lost_lease_stops_the_commands_whole_process_group() {
         left.is_empty(),
         "the command's worker outlived the lost lease"
     );
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[tokio::test]
@@ -103,7 +102,6 @@ async fn a_command_that_ignores_sigterm_is_killed_after_the_grace() {
     );
     let left = survivors(&both).await;
     assert!(left.is_empty(), "still running: {left:?} of {both:?}");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[tokio::test]
@@ -116,7 +114,6 @@ async fn the_command_dies_with_leasehold() {
     let _ = run.child.wait().await;
     let left = survivors(&command).await;
     assert!(left.is_empty(), "the command outlived leasehold");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[tokio::test]
@@ -155,7 +152,6 @@ async fn the_command_has_its_own_process_group_except_in_a_terminals_foreground(
     };
     assert_ne!(field("pid="), field("pgid="), "{text}");
     assert_eq!(field("pgid="), field("leasehold-pgid="), "{text}");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[tokio::test]
@@ -207,7 +203,6 @@ async fn the_command_inherits_no_backend_credentials() {
     );
     assert!(!err.contains(&url), "{err}");
     assert!(!stdout(&out).contains(&url), "{}", stdout(&out));
-    let _ = std::fs::remove_dir_all(&rt);
 }
 
 #[tokio::test]
@@ -228,7 +223,6 @@ async fn keys_with_control_characters_are_refused() {
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     let left: Vec<_> = std::fs::read_dir(&rt).unwrap().collect();
     assert!(left.is_empty(), "nothing is recorded: {left:?}");
-    let _ = std::fs::remove_dir_all(&rt);
 }
 
 /// A dead holder's record, as a holder writes it.
@@ -287,7 +281,6 @@ async fn release_touches_only_a_holders_state_file_in_a_private_folder_of_ours()
         planted.exists(),
         "release deleted a file that is not a socket"
     );
-    let _ = std::fs::remove_dir_all(&rt);
 }
 
 #[tokio::test]
@@ -309,7 +302,6 @@ async fn release_checks_the_runtime_folder_as_acquire_does() {
     let out = output(&rt, &["release", "--key", &key]).await;
     assert_eq!(out.status.code(), Some(79), "{out:?}");
     assert!(!record.exists());
-    let _ = std::fs::remove_dir_all(&rt);
 }
 
 #[tokio::test]
@@ -343,5 +335,4 @@ async fn without_a_url_the_lock_is_a_file_lock_in_the_default_folder() {
     for ext in ["lock", "fence"] {
         let _ = std::fs::remove_file(default_dir.join(format!("{key}.{ext}")));
     }
-    let _ = std::fs::remove_dir_all(&rt);
 }

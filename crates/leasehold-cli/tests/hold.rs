@@ -67,7 +67,6 @@ async fn acquire_status_release_round_trip() {
     assert_eq!(exports(&out)["LEASEHOLD_FENCING_TOKEN"], "2");
     let rel = on_key(&rt, "release", "deploy", &u, &[]).await;
     assert_eq!(rel.status.code(), Some(0), "{rel:?}");
-    let _ = std::fs::remove_dir_all(&rt);
 }
 
 fn owner_of(state: &str) -> String {
@@ -129,7 +128,6 @@ echo continued"#
     assert!(stdout(&out).is_empty(), "{out:?}");
     let rel = output(&rt, &["release", "--handle", &held["LEASEHOLD_HANDLE"]]).await;
     assert_eq!(rel.status.code(), Some(0));
-    let _ = std::fs::remove_dir_all(&rt);
 }
 
 #[tokio::test]
@@ -151,7 +149,6 @@ async fn a_lost_lease_ends_the_holder_and_release_says_so() {
     // The record is gone once reported.
     let rel = output(&rt, &["release", "--key", "k"]).await;
     assert_eq!(rel.status.code(), Some(1));
-    let _ = std::fs::remove_dir_all(&rt);
 }
 
 #[tokio::test]
@@ -171,7 +168,6 @@ async fn sigterm_to_the_holder_releases() {
     let st = on_key(&rt, "status", "k", &u, &[]).await;
     assert_eq!(st.status.code(), Some(1), "released on SIGTERM: {st:?}");
     assert!(!std::path::Path::new(&ex["LEASEHOLD_HANDLE"]).exists());
-    let _ = std::fs::remove_dir_all(&rt);
 }
 
 #[tokio::test]
@@ -205,7 +201,6 @@ async fn quiet_silences_the_wait_notice() {
     let fast = on_key(&rt, "run", "q", &u, &["--", "true"]).await;
     assert_eq!(fast.status.code(), Some(0));
     assert!(stderr(&fast).is_empty(), "{fast:?}");
-    let _ = std::fs::remove_dir_all(&rt);
 }
 
 #[tokio::test]
@@ -261,7 +256,6 @@ async fn bad_input_gives_the_documented_codes() {
     // No holder: 1.
     let out = output(&rt, &["release", "--key", "none"]).await;
     assert_eq!(out.status.code(), Some(1));
-    let _ = std::fs::remove_dir_all(&rt);
 }
 
 #[tokio::test]
@@ -283,7 +277,6 @@ async fn leasehold_url_names_the_backend_when_no_flag_does() {
     // release --url finds the holder by that location.
     let rel = on_key(&rt, "release", "from-env", &u, &[]).await;
     assert_eq!(rel.status.code(), Some(0), "{rel:?}");
-    let _ = std::fs::remove_dir_all(&rt);
 }
 
 #[tokio::test]
@@ -320,7 +313,6 @@ async fn flock_takes_the_same_lock_as_the_guide_shows() {
     let rel = output(&rt, &["release", "--key", "nightly"]).await;
     assert_eq!(rel.status.code(), Some(0));
     assert_eq!(flock_try(&lock), Some(0));
-    let _ = std::fs::remove_dir_all(&rt);
 }
 
 /// `flock -n LOCK true`: its exit code (1 while someone holds the lock).
@@ -366,7 +358,6 @@ async fn a_holder_whose_acquire_was_killed_gives_up_waiting() {
     let fence = std::fs::read_to_string(rt.join("locks").join("k.fence")).unwrap();
     assert_eq!(fence.trim(), "1", "the orphan never took the lock");
     assert!(leftovers(&rt).is_empty(), "{:?}", leftovers(&rt));
-    let _ = std::fs::remove_dir_all(&rt);
 }
 
 /// The state files and sockets in a runtime folder.
@@ -464,7 +455,6 @@ async fn a_holder_releases_unless_acquire_confirms_it_printed_the_handle() {
     let rel = output(&rt, &["release", "--handle", &fields[4]]).await;
     assert_eq!(rel.status.code(), Some(0), "{rel:?}");
     let _ = holder.wait().await;
-    let _ = std::fs::remove_dir_all(&rt);
 }
 
 /// Acquires `key` and has its lease lost (the lock file deleted); the handle, once the holder
@@ -533,7 +523,6 @@ async fn a_new_holder_keeps_the_records_of_lost_and_dead_holds() {
     let rel = output(&rt, &["release", "--key", "deploy"]).await;
     assert_eq!(rel.status.code(), Some(0), "{rel:?}");
     assert!(leftovers(&rt).is_empty(), "{:?}", leftovers(&rt));
-    let _ = std::fs::remove_dir_all(&rt);
 }
 
 #[tokio::test]
@@ -569,7 +558,6 @@ async fn a_release_that_meets_a_loss_in_progress_reports_the_loss() {
     assert_eq!(rel.status.code(), Some(79), "{rel:?}");
     assert!(stderr(&rel).contains("renewal failed"), "{rel:?}");
     assert!(!handle.exists(), "the record is consumed");
-    let _ = std::fs::remove_dir_all(&rt);
 }
 
 #[tokio::test]
@@ -609,7 +597,6 @@ async fn an_unsafe_runtime_folder_is_refused_and_a_relative_one_made_absolute() 
     );
     let rel = output(&base, &["release", "--handle", &handle]).await;
     assert_eq!(rel.status.code(), Some(0), "{rel:?}");
-    let _ = std::fs::remove_dir_all(&base);
 }
 
 #[tokio::test]
@@ -672,7 +659,6 @@ async fn a_signal_while_acquiring_exits_128_plus_n() {
     assert_eq!(rel.status.code(), Some(0), "{rel:?}");
     let st = on_key(&rt, "status", "s", &u, &[]).await;
     assert_eq!(st.status.code(), Some(1), "{st:?}");
-    let _ = std::fs::remove_dir_all(&rt);
 }
 
 #[tokio::test]
@@ -713,5 +699,4 @@ async fn acquire_sweeps_records_of_ended_holds_older_than_a_day() {
     assert_eq!(rel.status.code(), Some(79), "{rel:?}");
     let rel = output(&rt, &["release", "--key", "sw"]).await;
     assert_eq!(rel.status.code(), Some(0), "{rel:?}");
-    let _ = std::fs::remove_dir_all(&rt);
 }

@@ -8,15 +8,11 @@ use std::path::Path;
 use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
-use leasehold_test_support::services::TempFolder;
-use tokio::io::AsyncBufReadExt as _;
 use tokio::process::Command;
 
-const BIN: &str = env!("CARGO_BIN_EXE_leasehold");
+mod common;
 
-fn folder(test: &str) -> TempFolder {
-    TempFolder::new(test)
-}
+use common::{BIN, Running, folder};
 
 fn url(dir: &Path) -> String {
     format!("file://{}", dir.display())
@@ -82,7 +78,6 @@ async fn the_command_gets_the_lease_in_its_environment_and_its_status_is_ours() 
     ])
     .await;
     assert_eq!(out.status.code(), Some(128 + 9));
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[tokio::test]
@@ -93,28 +88,23 @@ async fn a_second_run_fails_waits_or_times_out_as_its_flags_say() {
     // on a loaded machine) must all start while it is held.
     let hold = Duration::from_secs(8);
     let started = Instant::now();
-    let mut first = leasehold(&[
-        "run",
-        "--key",
-        "k",
-        "--url",
-        &u,
-        "--",
-        "sh",
-        "-c",
-        "echo held; exec sleep 8",
-    ])
-    .stdout(Stdio::piped())
-    .spawn()
-    .unwrap();
     // Its command runs only once the lock is held (the lock file exists a moment before).
-    let mut line = String::new();
-    let mut out = tokio::io::BufReader::new(first.stdout.take().expect("stdout"));
-    tokio::time::timeout(Duration::from_secs(20), out.read_line(&mut line))
-        .await
-        .expect("the first run's command starts within 20 s")
-        .expect("read its stdout");
-    assert_eq!(line.trim(), "held", "the first run never locked");
+    let first = Running::start(
+        &dir,
+        &[
+            "run",
+            "--key",
+            "k",
+            "--url",
+            &u,
+            "--",
+            "sh",
+            "-c",
+            "echo held; exec sleep 8",
+        ],
+    )
+    .await;
+    assert_eq!(first.first_line, "held", "the first run never locked");
 
     let out = output(&["run", "--key", "k", "--url", &u, "--no-wait", "--", "true"]).await;
     assert_eq!(out.status.code(), Some(75), "contention: {out:?}");
@@ -140,8 +130,8 @@ async fn a_second_run_fails_waits_or_times_out_as_its_flags_say() {
         "said it waits"
     );
     assert!(started.elapsed() >= hold, "it ran before the first let go");
-    assert_eq!(first.wait().await.unwrap().code(), Some(0));
-    let _ = std::fs::remove_dir_all(&dir);
+    let (code, _, _) = first.finish(Duration::from_secs(20)).await;
+    assert_eq!(code, Some(0));
 }
 
 #[tokio::test]
@@ -187,7 +177,6 @@ async fn a_lost_lease_terminates_the_command() {
     );
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "got TERM");
     assert!(String::from_utf8_lossy(&out.stderr).contains("lost"));
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[tokio::test]
@@ -240,5 +229,4 @@ async fn bad_input_gives_the_documented_codes() {
     ])
     .await;
     assert_eq!(out.status.code(), Some(126));
-    let _ = std::fs::remove_dir_all(&dir);
 }
