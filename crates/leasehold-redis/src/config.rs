@@ -623,12 +623,18 @@ impl RedlockConfig {
     /// Redlock text suggests 5–50 ms for a 10 s TTL); never more than the validity left. A
     /// batch of renewals (thousands of keys per node) waits for each node at least `ttl / 10`,
     /// a release at least 1 s: they come in bursts, and waiting costs them only time.
+    ///
+    /// Nodes connect on first use. The first request to a node waits for that connect (within
+    /// the [connect timeout](Self::with_connect_timeout)) before its timer starts, so a new
+    /// backend's first acquisition is not refused for connecting; the time it takes still
+    /// counts against the grant's validity. Once a node's first connect has failed, its
+    /// requests' own timers cover connecting again.
     pub fn with_node_timeout(mut self, timeout: Duration) -> Self {
         self.node_timeout = Some(timeout);
         self
     }
 
-    /// Sets the connect timeout of each node.
+    /// Sets the connect timeout of each node (default 1 s).
     pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
         self

@@ -2,6 +2,7 @@
 //! single-instance lock primitive that both backends build on.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures_util::FutureExt as _;
@@ -88,6 +89,9 @@ pub(crate) struct Node {
     /// `host:port` (or the socket path, or the seed list), never with credentials.
     pub(crate) name: String,
     conn: OnceCell<Conn>,
+    /// A first connect was tried and failed (or did not finish within its bound): from then
+    /// on a request's own bound covers connecting again (see [`first_connect`](Self::first_connect)).
+    first_failed: AtomicBool,
     backend: &'static str,
 }
 
@@ -103,6 +107,7 @@ impl Node {
             connector,
             name,
             conn: OnceCell::new(),
+            first_failed: AtomicBool::new(false),
             backend,
         })
     }
@@ -127,6 +132,22 @@ impl Node {
             return Ok(c.clone());
         }
         self.connect().boxed().await
+    }
+
+    /// Waits, within `bound`, for the first connect to this node, unless it is made or one
+    /// already failed. Redlock calls it before a request's per-node timer starts: that timer
+    /// (milliseconds) bounds a request, and a new backend's first request would otherwise have
+    /// to connect within it too (a fresh-clone test run saw 3 of 5 nodes time out that way).
+    /// A node that never answered costs its first requests this bound once; after that, its
+    /// requests' own timers cover the reconnects. A dropped wait (the round decided without
+    /// this node) counts as not tried.
+    pub(crate) async fn first_connect(&self, bound: Duration) {
+        if self.conn.get().is_some() || self.first_failed.load(Ordering::Relaxed) {
+            return;
+        }
+        if !matches!(tokio::time::timeout(bound, self.connect()).await, Ok(Ok(_))) {
+            self.first_failed.store(true, Ordering::Relaxed);
+        }
     }
 
     /// [`conn`](Self::conn)'s first connect (or a retry after a failed one).

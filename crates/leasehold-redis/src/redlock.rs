@@ -210,6 +210,7 @@ impl RedlockBackend {
         Fut: Future<Output = Result<bool, Error>> + Send + 'static,
     {
         let (tx, rx) = mpsc::unbounded_channel();
+        let connect = self.inner.config.connect_timeout;
         let all: FuturesUnordered<_> = self
             .inner
             .nodes
@@ -218,7 +219,9 @@ impl RedlockBackend {
             .map(|(i, node)| {
                 let fut = op(Arc::clone(node));
                 let tx = tx.clone();
+                let node = Arc::clone(node);
                 async move {
+                    node.first_connect(connect).await;
                     tokio::pin!(fut);
                     match tokio::time::timeout(per_node, &mut fut).await {
                         Ok(r) => drop(tx.send((i, Outcome::from_result(Ok(r), per_node)))),
@@ -278,6 +281,7 @@ impl RedlockBackend {
         let names = names(&self.inner.config.prefix, req.key);
         let (owner, ttl) = (req.owner, req.ttl);
         let per_node = self.node_timeout(ttl);
+        let connect = self.inner.config.connect_timeout;
         let bound = Self::release_bound(ttl);
         // Declared before the requests, so that a dropped round drops them first.
         let mut give_back = GiveBack {
@@ -301,6 +305,7 @@ impl RedlockBackend {
                 if let Some(prev) = after {
                     let _ = tokio::time::timeout(bound, prev.settled(i)).await;
                 }
+                node.first_connect(connect).await;
                 let take = async {
                     match announce {
                         Some(a) => {
@@ -386,9 +391,14 @@ impl LockBackend for RedlockBackend {
         let names = names(&self.inner.config.prefix, req.key);
         let channel = names.waiter_channel(req.owner);
         let per_node = self.node_timeout(req.ttl);
+        let connect = self.inner.config.connect_timeout;
+        let channel = &channel;
         // A node that cannot subscribe now only wakes us late (by the backoff): left out.
         let subs: Vec<Subscription> = join_all(self.inner.nodes.iter().zip(&self.inner.hubs).map(
-            |(node, hub)| tokio::time::timeout(per_node, Subscription::new(node, hub, &channel)),
+            |(node, hub)| async move {
+                node.first_connect(connect).await;
+                tokio::time::timeout(per_node, Subscription::new(node, hub, channel)).await
+            },
         ))
         .await
         .into_iter()

@@ -52,8 +52,9 @@ async fn the_shipped_node_timeout_follows_the_ttl_and_late_keys_are_given_back()
         (Duration::from_secs(2), Duration::from_millis(10)),    // ttl / 200
         (Duration::from_secs(20), Duration::from_millis(50)),   // ttl / 200 = 100 ms: at most 50
     ];
-    // Each locker granted once first, so that its connections are open (at least a quorum's):
-    // a first round that also connects can outlast a 5 ms timeout on a loaded machine.
+    // Each locker granted once first, so that its connections are open (at least a quorum's)
+    // and the rounds below time requests alone (a first round waits for its connects before
+    // the per-node timers start: see the last test).
     let mut lockers = Vec::new();
     for (ttl, _) in shipped_timeouts {
         let l = shipped(&urls, &prefix, ttl);
@@ -152,4 +153,38 @@ async fn a_quorum_with_too_little_validity_left_is_no_grant_and_leaves_no_key() 
         p.pass();
     }
     common::no_lock_keys_left(ep.urls(), &prefix, Duration::from_secs(5)).await;
+}
+
+/// A new backend's first round connects to each node before that node's timer starts: the
+/// per-node timeout bounds the request, not a connect made once. Every node answers 300 ms
+/// after a request (150 ms each way), so connecting (one round trip at least) and then
+/// requesting takes 600 ms or more, against a per-node timeout of 450 ms: counted together,
+/// no node would answer in time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_backends_first_round_connects_outside_the_node_timeout() {
+    let ep = require_service!(Service::Redlock);
+    let (proxies, urls) = proxies(&ep).await;
+    for p in &proxies {
+        p.latency(Duration::from_millis(150));
+    }
+    let config = RedlockConfig::from_urls(&urls)
+        .unwrap()
+        .with_prefix(common::prefix("first-round"))
+        .unwrap()
+        .with_node_timeout(Duration::from_millis(450));
+    let l = locker(
+        RedlockBackend::new(config).unwrap(),
+        Duration::from_secs(10),
+        Renewal::Off,
+    );
+    let t0 = Instant::now();
+    let lease = l.try_acquire("k").await.unwrap();
+    let took = t0.elapsed();
+    let lease = lease.expect("the first try of a new backend found the lock held");
+    // The connect and the request, each at least one slowed round trip.
+    assert!(took >= Duration::from_millis(600), "took {took:?}");
+    assert!(
+        lease.release().await.unwrap(),
+        "the release found the lock gone"
+    );
 }

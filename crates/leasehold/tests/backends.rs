@@ -53,10 +53,10 @@ async fn redlock_nodes_through_config() {
         .await
         .unwrap();
     assert_eq!(locker.backend().capabilities().name, "redlock");
-    // Not a single try: the nodes connect lazily, so the first request to each also connects
-    // (and loads the scripts on a fresh server) within the per-node timeout of a 5 s TTL,
-    // 25 ms, which a loaded machine can exceed (CI once: 3 of 5 nodes timed out). A budget
-    // retries that; the try below finds the nodes connected.
+    // Not a single try: each node's request must answer within the per-node timeout of a
+    // 5 s TTL, 25 ms, which a loaded machine can exceed (a first request once did on 3 of 5
+    // nodes, when it also had to connect within it; connecting now comes before the timer,
+    // see leasehold-redis's `redlock_timing`). A budget retries a round that missed it.
     let lease = locker.acquire("job", Duration::from_secs(5)).await.unwrap();
     assert_eq!(lease.fencing_token(), None);
     assert!(locker.try_acquire("job").await.unwrap().is_none());
