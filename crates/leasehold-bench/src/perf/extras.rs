@@ -32,7 +32,7 @@ pub(super) async fn redis_benchmark(p: &Params, rt: &str) -> Vec<Row> {
         ..Row::default()
     };
     let ours = Row {
-        label: "leasehold RedisBackend acquire + release (2 scripted commands)".into(),
+        label: "leasehold RedisBackend acquire + release (SET NX + INCR, then a script)".into(),
         kind: Kind::Ours.as_str(),
         ..base.clone()
     };
