@@ -90,7 +90,8 @@ pub(crate) struct Node {
     pub(crate) name: String,
     conn: OnceCell<Conn>,
     /// A first connect was tried and failed (or did not finish within its bound): from then
-    /// on a request's own bound covers connecting again (see [`first_connect`](Self::first_connect)).
+    /// on a request's own bound covers connecting again (see
+    /// [`first_connect`](Self::first_connect)).
     first_failed: AtomicBool,
     backend: &'static str,
 }
