@@ -43,7 +43,7 @@ struct Setup {
     bound: Option<u64>,
 }
 
-fn ports(service: Service) -> Result<Vec<u16>, BoxError> {
+pub(super) fn ports(service: Service) -> Result<Vec<u16>, BoxError> {
     Ok(services::lookup(service)?
         .addrs()
         .iter()
@@ -164,6 +164,67 @@ fn deltas(a: &[NodeCount], b: &[NodeCount]) -> Vec<NodeCount> {
         .collect()
 }
 
+/// What the hold window showed of this process and of the servers.
+pub(super) struct Observed {
+    window: Duration,
+    /// Client CPU time over the window, as a share of one core.
+    cpu_share: f64,
+    /// This process's connections to the servers, the most seen.
+    connections: usize,
+    /// PostgreSQL's sessions of the backend, the most seen.
+    sessions: Option<u64>,
+    /// Per node, what it counted over the window.
+    counts: Vec<NodeCount>,
+}
+
+impl Observed {
+    /// Writes the window's figures into `m`; `base`: the connections open before the backend.
+    pub(super) fn fill(&self, m: &mut Measured, base: usize) {
+        m.hold = self.window;
+        m.cpu_pct = 100.0 * self.cpu_share;
+        m.pg_sessions = self.sessions;
+        m.connections = self.connections.saturating_sub(base);
+        let periods = self.window.as_secs_f64() / (FLEET_TTL / 3).as_secs_f64();
+        let per =
+            |f: fn(&NodeCount) -> u64| self.counts.iter().map(f).max().map(|x| x as f64 / periods);
+        m.nodes = self.counts.len();
+        m.scripts_per_period = per(|c| c.scripts);
+        m.requests_per_period = per(|c| c.requests);
+    }
+}
+
+/// Watches the hold window of `hold`: the servers' counters, CPU time (the probe's own reads
+/// of `/proc` taken out: they are not the client's work), connections and sessions.
+pub(super) async fn observe(
+    probe: &mut Probe,
+    ports: &[u16],
+    hold: Duration,
+) -> Result<Observed, BoxError> {
+    let c0 = probe.counts().await?;
+    let cpu0 = probe::cpu_time()?;
+    let h0 = Instant::now();
+    let mut probe_cpu = Duration::ZERO;
+    let mut connections = probe::connections_counted(ports, &mut probe_cpu)?;
+    let mut sessions = probe.sessions().await?;
+    for _ in 0..2 {
+        tokio::time::sleep(hold / 2).await;
+        connections = connections.max(probe::connections_counted(ports, &mut probe_cpu)?);
+        sessions = sessions.max(probe.sessions().await?);
+    }
+    let cpu = probe::cpu_time()?
+        .saturating_sub(cpu0)
+        .saturating_sub(probe_cpu);
+    let window = h0.elapsed();
+    let c1 = probe.counts().await?;
+    Ok(Observed {
+        window,
+        cpu_share: cpu.as_secs_f64() / window.as_secs_f64(),
+        connections,
+        sessions,
+        counts: deltas(&c0, &c1),
+    })
+}
+
 /// Runs the measurement of `spec` (on the current runtime).
 pub(super) async fn measure(spec: &Spec) -> Result<Measured, BoxError> {
     let prefix = format!("{}:", services::unique_prefix("fleet"));
@@ -184,27 +245,9 @@ pub(super) async fn measure(spec: &Spec) -> Result<Measured, BoxError> {
     let leases = acquire_all(&locker, spec.n).await?;
     m.acquire = t0.elapsed();
 
-    // The hold window: counters, CPU and memory from its start to its end.
-    let c0 = s.probe.counts().await?;
-    let cpu0 = probe::cpu_time()?;
-    let h0 = Instant::now();
-    // The probe's own reads of `/proc` are not the backend's work: their CPU time is taken out.
-    let mut probe_cpu = Duration::ZERO;
-    let mut conns = probe::connections_counted(&s.ports, &mut probe_cpu)?;
-    let mut sessions = s.probe.sessions().await?;
-    for _ in 0..2 {
-        tokio::time::sleep(spec.hold / 2).await;
-        conns = conns.max(probe::connections_counted(&s.ports, &mut probe_cpu)?);
-        sessions = sessions.max(s.probe.sessions().await?);
-    }
-    let cpu = probe::cpu_time()?
-        .saturating_sub(cpu0)
-        .saturating_sub(probe_cpu);
-    let window = h0.elapsed();
-    let c1 = s.probe.counts().await?;
+    let o = observe(&mut s.probe, &s.ports, spec.hold).await?;
     let rss1 = probe::rss_bytes()?;
-    m.hold = window;
-    m.cpu_pct = 100.0 * cpu.as_secs_f64() / window.as_secs_f64();
+    o.fill(&mut m, base);
     m.rss_per_lease = rss1.saturating_sub(rss0) as f64 / spec.n.max(1) as f64;
     m.lost = leases.iter().filter(|l| l.is_lost()).count();
     if let Some(why) = leases.iter().find_map(Lease::loss_reason) {
@@ -213,14 +256,6 @@ pub(super) async fn measure(spec: &Spec) -> Result<Measured, BoxError> {
             spec.backend, spec.n, m.lost
         );
     }
-    m.connections = conns.saturating_sub(base);
-    m.pg_sessions = sessions;
-    let periods = window.as_secs_f64() / (FLEET_TTL / 3).as_secs_f64();
-    let d = deltas(&c0, &c1);
-    let per = |f: fn(&NodeCount) -> u64| d.iter().map(f).max().map(|x| x as f64 / periods);
-    m.nodes = d.len();
-    m.scripts_per_period = per(|c| c.scripts);
-    m.requests_per_period = per(|c| c.requests);
 
     // The burst release, then what is left at once and after the settle time.
     let t1 = Instant::now();

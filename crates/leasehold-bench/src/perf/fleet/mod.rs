@@ -21,6 +21,7 @@
 
 mod child;
 mod probe;
+mod raw;
 mod table;
 
 use std::time::Duration;
@@ -31,6 +32,9 @@ pub(super) use table::{chart, csv, table};
 
 /// The TTL of every lease of the fleet scenario.
 pub(super) const FLEET_TTL: Duration = Duration::from_secs(3);
+
+/// The N of the raw rows ([`raw`]).
+const RAW_N: usize = 10_000;
 
 /// The backends measured, in run order.
 const BACKENDS: [&str; 5] = ["redis", "redlock5", "redis-cluster", "postgres", "etcd"];
@@ -163,7 +167,10 @@ impl Measured {
 /// The hidden `__fleet` subcommand: runs one measurement and prints its result line.
 pub(crate) fn child_main(spec: &Spec) -> Result<(), BoxError> {
     let rt = runtime(&spec.runtime)?;
-    let m = rt.block_on(child::measure(spec))?;
+    let m = match raw::service(&spec.backend) {
+        Some(service) => rt.block_on(raw::measure(spec, service))?,
+        None => rt.block_on(child::measure(spec))?,
+    };
     println!("{}", m.line());
     rt.shutdown_timeout(Duration::from_secs(2));
     Ok(())
@@ -203,19 +210,23 @@ pub(super) fn run(rt: &str, quick: bool) -> Vec<FleetRow> {
             Duration::from_secs(5),
         )
     };
-    let specs: Vec<Spec> = BACKENDS
+    let spec = |backend: &str, n| Spec {
+        backend: backend.to_owned(),
+        n,
+        runtime: rt.to_owned(),
+        hold,
+        settle,
+        quick,
+    };
+    let mut specs: Vec<Spec> = BACKENDS
         .iter()
-        .flat_map(|backend| {
-            sizes.iter().map(move |&n| Spec {
-                backend: (*backend).to_owned(),
-                n,
-                runtime: rt.to_owned(),
-                hold,
-                settle,
-                quick,
-            })
-        })
+        .flat_map(|backend| sizes.iter().map(|&n| spec(backend, n)))
         .collect();
+    // The floor under ours at the largest N (not under `--quick`: it checks no invariant of
+    // ours).
+    if !quick {
+        specs.extend(raw::RAW.iter().map(|(backend, _)| spec(backend, RAW_N)));
+    }
     let measure = |spec: &Spec| {
         let started = std::time::Instant::now();
         let result = run_child(spec).map_err(|e| e.to_string());

@@ -86,7 +86,13 @@ pub(in crate::perf) fn table(rows: &[FleetRow], rt: &str) -> Option<Table> {
          measured with the thread's `getrusage` around each); RSS / lease: resident memory growth from before the N acquisitions to \
          the end of the hold, over N. Each (backend, N) runs in a process of its own. Locks \
          left after settle: counted with the backend still connected (a TTL backend's keys \
-         expire by then anyway; the figure shows what a live session still carries).",
+         expire by then anyway; the figure shows what a live session still carries). \
+         `redis-raw` and `redlock5-raw`: the floor, the same leases renewed by a bare redis-rs \
+         client with no lease bookkeeping (`SET NX PX` to take them; every renewal period, \
+         eight slices of script calls of at most 250 keys, every node at once, each call \
+         under a timer; a compare-and-delete script of the same shape to release): the gap \
+         to the row of ours above it is what our leases cost, the row itself what the same \
+         traffic costs any client here.",
         ms(hold)
     ));
     Some(t)
