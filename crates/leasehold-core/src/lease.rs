@@ -195,7 +195,7 @@ impl Lease {
     /// lost.
     pub(crate) fn start_watchdog(&self, renewer: &Renewer, policy: Renewal, interval: Duration) {
         let lease: Weak<dyn Renewable> = Arc::downgrade(&self.inner) as Weak<Inner>;
-        let Some(ticket) = renewer.register(lease, interval, policy) else {
+        let Some(ticket) = renewer.register(lease, &self.inner.shared, interval, policy) else {
             tracing::warn!(key = %self.inner.key, "no Tokio runtime: lease renewal is off");
             return;
         };

@@ -1,9 +1,10 @@
 //! The shared status of one lease: its validity deadline and loss, seen by the lease, its
 //! [`LostSignal`]s (the holder's side) and its [`LeaseMonitor`] (the backend's side).
 
+mod word;
+
 use std::future::{Future, IntoFuture};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
 use tokio::sync::Notify;
@@ -13,49 +14,26 @@ use crate::loss::LossReason;
 use crate::policy::Drift;
 use crate::validity::Validity;
 
-#[derive(Debug)]
-struct Status {
-    /// `None` until the grant is known.
-    valid_until: Option<Instant>,
-    lost: Option<LossReason>,
-}
-
-impl Status {
-    fn loss(&self, now: Instant) -> Option<LossReason> {
-        if let Some(r) = &self.lost {
-            return Some(r.clone());
-        }
-        match self.valid_until {
-            Some(t) if now >= t => Some(LossReason::Expired),
-            _ => None,
-        }
-    }
-
-    /// [`loss`](Self::loss) now, reading the clock only when the answer depends on it. Called
-    /// under the lock, so a concurrent renewal is seen either with its new deadline or not at
-    /// all.
-    fn loss_now(&self) -> Option<LossReason> {
-        match (&self.lost, self.valid_until) {
-            (Some(r), _) => Some(r.clone()),
-            (None, Some(t)) if Instant::now() >= t => Some(LossReason::Expired),
-            (None, _) => None,
-        }
-    }
-}
+use self::word::{LOST, StatusWord};
+pub(crate) use self::word::{Refused, WATCHED, WordRef, decode, encode, over};
 
 /// The status of one lease, shared by the lease, its lost signals and its monitor.
+///
+/// Its deadline and whether it is lost live in a status word ([`word`]) that the renewal engine
+/// also reaches directly; the reason of a loss is kept here, set before the word says lost.
 ///
 /// The lost signals hold it strongly, so it can outlive the lease: a dropped lease is known
 /// here by the [`LossReason::Released`] its drop records, not by its absence. The monitor holds
 /// it weakly.
 #[derive(Debug)]
 pub(crate) struct Shared {
-    status: Mutex<Status>,
-    /// Wakes the waiting lost signals after a change of `status`.
+    word: StatusWord,
+    /// Why the lease is lost: set once, under this lock, before the word's lost bit.
+    reason: Mutex<Option<LossReason>>,
+    /// Wakes the waiting lost signals after a change of the word, if it is watched. Until a
+    /// [`LostSignal`] was handed out a change wakes nobody: most leases never hand one out,
+    /// and waking costs as much as the rest of the bookkeeping.
     changed: Notify,
-    /// Whether a [`LostSignal`] was ever handed out. Until then a change wakes nobody: most
-    /// leases never hand one out, and waking costs as much as the rest of the bookkeeping.
-    watched: AtomicBool,
     drift: Drift,
     /// The backend's name, for the metrics' `backend` label.
     #[cfg(feature = "metrics")]
@@ -66,23 +44,25 @@ impl Shared {
     #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
     pub(crate) fn new(drift: Drift, backend: &'static str) -> Arc<Self> {
         Arc::new(Self {
-            status: Mutex::new(Status {
-                valid_until: None,
-                lost: None,
-            }),
+            word: StatusWord::new(),
+            reason: Mutex::new(None),
             changed: Notify::new(),
-            watched: AtomicBool::new(false),
             drift,
             #[cfg(feature = "metrics")]
             backend,
         })
     }
 
+    /// The status word, for the renewal engine (valid while the lease lives).
+    pub(crate) fn word(&self) -> &WordRef {
+        self.word.word()
+    }
+
     /// Sets the first deadline, from the grant's validity.
     pub(crate) fn start(&self, v: Validity) {
-        self.lock().valid_until = Some(self.drift.deadline(v));
+        let before = self.word().start(self.drift.deadline(v));
         // Wakes nobody yet (signals come from the lease); kept so the rule has no exception.
-        self.wake();
+        self.wake(before);
     }
 
     /// The drift margin this lease's deadlines are computed with.
@@ -93,49 +73,51 @@ impl Shared {
     /// A lost signal on this status. From now on every change wakes signals.
     pub(crate) fn signal(self: &Arc<Self>) -> LostSignal {
         // Set before the signal can read the status.
-        self.watched.store(true, Ordering::Relaxed);
+        self.word().set(WATCHED);
         LostSignal {
             shared: Arc::clone(self),
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, Status> {
-        // Nothing panics while holding it; recover the status if something ever did.
-        self.status.lock().unwrap_or_else(PoisonError::into_inner)
+    fn reason_lock(&self) -> MutexGuard<'_, Option<LossReason>> {
+        // Nothing panics while holding it; recover the reason if something ever did.
+        self.reason.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Wakes the waiting lost signals after a change of the status, if a signal was ever handed
-    /// out. Called after the change, outside the lock. A signal reads the status under the lock
-    /// only after [`Shared::signal`] set `watched` and after it registered for a wake-up, so either
-    /// it read the changed status, or its read came first under the lock and this load sees
-    /// `watched` set: no wake-up is lost.
-    fn wake(&self) {
-        if self.watched.load(Ordering::Relaxed) {
+    /// Wakes the waiting lost signals after a change of the word, if a signal was ever handed
+    /// out; `before`: the word before the change (its atomic operation). A signal sets the
+    /// watched bit, registers for a wake-up, then reads the word: either the change comes
+    /// after the bit in the word's order (and `before` has it), or the signal's read sees the
+    /// change. No wake-up is lost.
+    pub(crate) fn wake(&self, before: u64) {
+        if before & WATCHED != 0 {
             self.changed.notify_waiters();
         }
     }
 
+    /// The loss a word shows as of `now`.
+    fn loss_of(&self, word: u64, now: Instant) -> Option<LossReason> {
+        if word & LOST != 0 {
+            // Set before the bit, so present (a released lease if it ever were not).
+            return Some(self.reason_lock().clone().unwrap_or(LossReason::Released));
+        }
+        over(word, encode(now)).then_some(LossReason::Expired)
+    }
+
     /// Why the lease is over, if it is.
     pub(crate) fn loss(&self) -> Option<LossReason> {
-        self.lock().loss_now()
+        self.loss_of(self.word().load(), Instant::now())
     }
 
-    /// The loss as of `now` (an instant the caller read once for many leases), and the
-    /// validity deadline, under one lock: what the renewal engine reads of each lease it takes
-    /// into a batch.
-    pub(crate) fn loss_at(&self, now: Instant) -> (Option<LossReason>, Option<Instant>) {
-        let s = self.lock();
-        (s.loss(now), s.valid_until)
-    }
-
-    /// The loss, if any, and the validity deadline: what a waiting signal needs.
+    /// The loss, if any, and the validity deadline, from one read of the word: what a waiting
+    /// signal needs.
     fn loss_and_deadline(&self) -> (Option<LossReason>, Option<Instant>) {
-        let s = self.lock();
-        (s.loss_now(), s.valid_until)
+        let w = self.word().load();
+        (self.loss_of(w, Instant::now()), decode(w))
     }
 
     pub(crate) fn valid_until(&self) -> Option<Instant> {
-        self.lock().valid_until
+        decode(self.word().load())
     }
 
     /// Counts a loss in the metrics (`lost` is the first terminal state of the lease).
@@ -147,40 +129,41 @@ impl Shared {
     /// Moves the deadline to match `v`, unless the lease is already lost (loss is final, and a
     /// deadline that has passed is a loss even if a late renewal arrives).
     pub(crate) fn renew(&self, v: Validity) -> Result<(), LossReason> {
-        let deadline = self.drift.deadline(v);
-        let now = Instant::now();
-        let mut s = self.lock();
-        if let Some(r) = s.loss(now) {
-            if s.lost.is_some() {
-                return Err(r);
+        let refused = self.word().renew(self.drift.deadline(v), Instant::now());
+        self.renewed(refused)
+    }
+
+    /// What a renewal of the word answered ([`WordRef::renew`], by the lease or by the renewal
+    /// engine): the wake-up after a change, or the loss it found (an expiry is recorded).
+    pub(crate) fn renewed(&self, outcome: Result<u64, Refused>) -> Result<(), LossReason> {
+        match outcome {
+            Ok(before) => {
+                self.wake(before);
+                Ok(())
             }
-            #[cfg(feature = "metrics")]
-            self.count_loss(&r);
-            s.lost = Some(r.clone());
-            drop(s);
-            self.wake();
-            return Err(r);
+            Err(Refused::Passed) => {
+                self.lose(LossReason::Expired);
+                Err(self.loss().unwrap_or(LossReason::Expired))
+            }
+            Err(Refused::Lost) => Err(self.loss().unwrap_or(LossReason::Released)),
         }
-        s.valid_until = Some(deadline);
-        drop(s);
-        self.wake();
-        Ok(())
     }
 
     pub(crate) fn lose(&self, reason: LossReason) {
-        let mut s = self.lock();
-        if s.lost.is_some() {
+        let mut r = self.reason_lock();
+        if r.is_some() {
             return;
         }
         // A release after the deadline passed unnoticed is still a loss, by expiry.
         #[cfg(feature = "metrics")]
-        match s.loss(Instant::now()) {
+        match self.loss_of(self.word().load(), Instant::now()) {
             Some(expired) if reason == LossReason::Released => self.count_loss(&expired),
             _ => self.count_loss(&reason),
         }
-        s.lost = Some(reason);
-        drop(s);
-        self.wake();
+        *r = Some(reason);
+        let before = self.word().set(LOST);
+        drop(r);
+        self.wake(before);
     }
 }
 

@@ -18,6 +18,8 @@ use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
 use super::Renewable;
+use crate::policy::Drift;
+use crate::signal::WordRef;
 
 /// The width of a due bucket.
 const TICK: Duration = Duration::from_millis(4);
@@ -29,10 +31,20 @@ pub(super) struct Id {
     generation: u32,
 }
 
+/// What the engine keeps of a queued lease.
+pub(super) struct Entry {
+    pub(super) lease: Weak<dyn Renewable>,
+    /// The lease's status word: its deadline read and moved here, without touching the lease.
+    pub(super) word: WordRef,
+    /// The lease's drift margin (fixed for its life), to turn a renewal's validity into a
+    /// deadline: its place in [`Queue::drifts`].
+    pub(super) drift: usize,
+}
+
 /// One lease in the queue.
 pub(super) struct Slot {
     /// `None` while the slot is free.
-    pub(super) lease: Option<Weak<dyn Renewable>>,
+    pub(super) entry: Option<Entry>,
     pub(super) interval: Duration,
     /// `None` while a batch renews it (or the slot is free).
     due: Option<Instant>,
@@ -51,6 +63,9 @@ pub(super) struct Queue {
     /// Emptied buckets' vectors, reused.
     spare: Vec<Vec<u32>>,
     epoch: Instant,
+    /// The distinct drift margins of the queued leases (one per set of options the locker's
+    /// clones used: a handful), so that a slot names its lease's by a number.
+    drifts: Vec<Drift>,
     pub(super) task: Option<AbortHandle>,
 }
 
@@ -63,6 +78,7 @@ impl Default for Queue {
             buckets: BTreeMap::new(),
             spare: Vec::new(),
             epoch: Instant::now(),
+            drifts: Vec::new(),
             task: None,
         }
     }
@@ -79,19 +95,14 @@ impl Queue {
         u64::try_from(since.as_nanos() / TICK.as_nanos()).unwrap_or(u64::MAX)
     }
 
-    /// Queues `lease`, due at `due`.
-    pub(super) fn insert(
-        &mut self,
-        lease: Weak<dyn Renewable>,
-        interval: Duration,
-        due: Instant,
-    ) -> Id {
+    /// Queues a lease, due at `due`.
+    pub(super) fn insert(&mut self, entry: Entry, interval: Duration, due: Instant) -> Id {
         let index = match self.free.pop() {
             Some(i) => i,
             None => {
                 let i = u32::try_from(self.slots.len()).unwrap_or(u32::MAX);
                 self.slots.push(Slot {
-                    lease: None,
+                    entry: None,
                     interval,
                     due: None,
                     pos: 0,
@@ -101,7 +112,7 @@ impl Queue {
             }
         };
         let slot = &mut self.slots[index as usize];
-        slot.lease = Some(lease);
+        slot.entry = Some(entry);
         slot.interval = interval;
         let id = Id {
             index,
@@ -112,11 +123,28 @@ impl Queue {
         id
     }
 
+    /// The number [`Entry::drift`] names `drift` by.
+    pub(super) fn drift_index(&mut self, drift: Drift) -> usize {
+        self.drifts
+            .iter()
+            .position(|d| *d == drift)
+            .unwrap_or_else(|| {
+                self.drifts.push(drift);
+                self.drifts.len() - 1
+            })
+    }
+
+    /// The drift margin an entry names (every number handed out names one: the table only
+    /// grows).
+    pub(super) fn drift(&self, entry: &Entry) -> Drift {
+        self.drifts[entry.drift]
+    }
+
     /// The entry of `id`, if it is still queued.
     pub(super) fn get(&self, id: Id) -> Option<&Slot> {
         self.slots
             .get(id.index as usize)
-            .filter(|s| s.generation == id.generation && s.lease.is_some())
+            .filter(|s| s.generation == id.generation && s.entry.is_some())
     }
 
     /// Takes `id` out of the queue (due or in a batch); `false` if it already left.
@@ -126,7 +154,7 @@ impl Queue {
         }
         self.unschedule(id);
         let slot = &mut self.slots[id.index as usize];
-        slot.lease = None;
+        slot.entry = None;
         slot.generation = slot.generation.wrapping_add(1);
         self.free.push(id.index);
         self.live -= 1;
@@ -289,8 +317,14 @@ mod tests {
         fn release_again(self: Arc<Self>) {}
     }
 
-    fn weak() -> Weak<dyn Renewable> {
-        Weak::<Dummy>::new()
+    /// An entry of no lease (its status word that of a status dropped at the end).
+    fn weak() -> Entry {
+        let status = Shared::new(Drift::default(), "test");
+        Entry {
+            lease: Weak::<Dummy>::new(),
+            word: status.word().clone(),
+            drift: 0,
+        }
     }
 
     /// Leases come out in due order, bucket by bucket, exactly up to the horizon; removed
