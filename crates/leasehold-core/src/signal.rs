@@ -95,25 +95,27 @@ impl Shared {
         }
     }
 
-    /// The loss a word shows as of `now`.
-    fn loss_of(&self, word: u64, now: Instant) -> Option<LossReason> {
+    /// The loss a word shows now, reading the clock only when the answer depends on it (a
+    /// lease not lost, with a deadline).
+    fn loss_of(&self, word: u64) -> Option<LossReason> {
         if word & LOST != 0 {
             // Set before the bit, so present (a released lease if it ever were not).
             return Some(self.reason_lock().clone().unwrap_or(LossReason::Released));
         }
-        over(word, encode(now)).then_some(LossReason::Expired)
+        let expired = decode(word).is_some() && over(word, encode(Instant::now()));
+        expired.then_some(LossReason::Expired)
     }
 
     /// Why the lease is over, if it is.
     pub(crate) fn loss(&self) -> Option<LossReason> {
-        self.loss_of(self.word().load(), Instant::now())
+        self.loss_of(self.word().load())
     }
 
     /// The loss, if any, and the validity deadline, from one read of the word: what a waiting
     /// signal needs.
     fn loss_and_deadline(&self) -> (Option<LossReason>, Option<Instant>) {
         let w = self.word().load();
-        (self.loss_of(w, Instant::now()), decode(w))
+        (self.loss_of(w), decode(w))
     }
 
     pub(crate) fn valid_until(&self) -> Option<Instant> {
@@ -156,7 +158,7 @@ impl Shared {
         }
         // A release after the deadline passed unnoticed is still a loss, by expiry.
         #[cfg(feature = "metrics")]
-        match self.loss_of(self.word().load(), Instant::now()) {
+        match self.loss_of(self.word().load()) {
             Some(expired) if reason == LossReason::Released => self.count_loss(&expired),
             _ => self.count_loss(&reason),
         }
