@@ -14,7 +14,7 @@ use crate::loss::LossReason;
 use crate::policy::Drift;
 use crate::validity::Validity;
 
-use self::word::{LOST, StatusWord};
+use self::word::{LOST, StatusWord, has_deadline};
 pub(crate) use self::word::{Refused, WATCHED, WordRef, decode, encode, over};
 
 /// The status of one lease, shared by the lease, its lost signals and its monitor.
@@ -89,7 +89,7 @@ impl Shared {
     /// watched bit, registers for a wake-up, then reads the word: either the change comes
     /// after the bit in the word's order (and `before` has it), or the signal's read sees the
     /// change. No wake-up is lost.
-    pub(crate) fn wake(&self, before: u64) {
+    fn wake(&self, before: u64) {
         if before & WATCHED != 0 {
             self.changed.notify_waiters();
         }
@@ -102,7 +102,7 @@ impl Shared {
             // Set before the bit, so present (a released lease if it ever were not).
             return Some(self.reason_lock().clone().unwrap_or(LossReason::Released));
         }
-        let expired = decode(word).is_some() && over(word, encode(Instant::now()));
+        let expired = has_deadline(word) && over(word, encode(Instant::now()));
         expired.then_some(LossReason::Expired)
     }
 

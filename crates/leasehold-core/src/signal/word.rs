@@ -85,7 +85,12 @@ pub(crate) fn decode(word: u64) -> Option<Instant> {
 /// Whether a word says lost as of `now` (the code of an instant): lost, or its deadline
 /// passed.
 pub(crate) fn over(word: u64, now: u64) -> bool {
-    word & LOST != 0 || (word & DEADLINE != 0 && now >= word & DEADLINE)
+    word & LOST != 0 || (has_deadline(word) && now >= word & DEADLINE)
+}
+
+/// Whether a word holds a deadline (a grant was known).
+pub(crate) fn has_deadline(word: u64) -> bool {
+    word & DEADLINE != 0
 }
 
 /// Why a renewal could not move the deadline.

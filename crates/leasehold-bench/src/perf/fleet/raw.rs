@@ -27,9 +27,9 @@ use crate::harness::BoxError;
 use crate::subjects::Count;
 
 /// The most keys in one script call (as the Redis backend's batches).
-const CHUNK: usize = 250;
+pub(super) const CHUNK: usize = 250;
 /// Slices of the keys renewed per renewal period, spread evenly over it.
-const SLICES: usize = 8;
+pub(super) const SLICES: usize = 8;
 /// Each call's bound.
 const CALL_BOUND: Duration = Duration::from_millis(500);
 
@@ -64,7 +64,6 @@ struct Locks {
 }
 
 /// A bare client of every node.
-#[derive(Clone)]
 struct Nodes {
     conns: Vec<MultiplexedConnection>,
     extend: String,
@@ -189,7 +188,7 @@ impl Nodes {
 /// Renews `locks` until `stop` fires: one slice every period / [`SLICES`]. Returns the locks
 /// lost (a renewal a majority of nodes refused: the key was gone or not ours).
 async fn renew(
-    nodes: Nodes,
+    nodes: &Nodes,
     locks: &Locks,
     mut stop: oneshot::Receiver<()>,
 ) -> Result<usize, BoxError> {
@@ -240,7 +239,7 @@ pub(super) async fn measure(spec: &Spec, service: Service) -> Result<Measured, B
     m.acquire = t0.elapsed();
 
     let (stop, stopped) = oneshot::channel();
-    let renewing = renew(nodes.clone(), &locks, stopped);
+    let renewing = renew(&nodes, &locks, stopped);
     let watching = async {
         let o = observe(&mut probe, &ports, spec.hold).await;
         // The renewals end with the window (a send fails only if they ended already).

@@ -4,6 +4,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use super::child::{ACQUIRE_BUDGET, IN_FLIGHT, REDLOCK_NODE_TIMEOUT};
+use super::raw::{CHUNK, SLICES};
 use super::{FLEET_TTL, FleetRow, Measured};
 use crate::report::charts::{self, Axes};
 use crate::report::{Table, csv_text};
@@ -89,10 +90,10 @@ pub(in crate::perf) fn table(rows: &[FleetRow], rt: &str) -> Option<Table> {
          expire by then anyway; the figure shows what a live session still carries). \
          `redis-raw` and `redlock5-raw`: the floor, the same leases renewed by a bare redis-rs \
          client with no lease bookkeeping (`SET NX PX` to take them; every renewal period, \
-         eight slices of script calls of at most 250 keys, every node at once, each call \
-         under a timer; a compare-and-delete script of the same shape to release): the gap \
-         to the row of ours above it is what our leases cost, the row itself what the same \
-         traffic costs any client here.",
+         {SLICES} slices of script calls of at most {CHUNK} keys, every node at once, each \
+         call under a timer; a compare-and-delete script of the same shape to release): the \
+         gap to the row of ours above it is what our leases cost, the row itself what the \
+         same traffic costs any client here.",
         ms(hold)
     ));
     Some(t)
