@@ -39,6 +39,25 @@ const RAW_N: usize = 10_000;
 /// The backends measured, in run order.
 const BACKENDS: [&str; 5] = ["redis", "redlock5", "redis-cluster", "postgres", "etcd"];
 
+/// The backends measured again at the largest N in a process whose glibc malloc keeps the
+/// memory it frees ([`HEAP_KEPT`] rows): the Redis family, whose renewal batches allocate and
+/// free hundreds of kilobytes each.
+const HEAP_KEPT_BACKENDS: [&str; 3] = ["redis", "redlock5", "redis-cluster"];
+
+/// The suffix of a heap-kept row's backend name.
+const HEAP_KEPT: &str = "+heap-kept";
+
+/// The glibc tunable a heap-kept row's process starts with: a trim threshold (64 MiB) that a
+/// fleet's heap never reaches, so that glibc does not hand the top of its heaps back to the
+/// system after each renewal batch (for the next batch to fault it in again). The default rows'
+/// processes start without `GLIBC_TUNABLES`.
+const HEAP_KEPT_TUNABLE: &str = "glibc.malloc.trim_threshold=67108864";
+
+/// The backend of a heap-kept row (`None` for any other row).
+fn heap_kept(backend: &str) -> Option<&str> {
+    backend.strip_suffix(HEAP_KEPT)
+}
+
 /// What one child process measures.
 #[derive(Debug, Clone)]
 pub(crate) struct Spec {
@@ -167,9 +186,22 @@ impl Measured {
 /// The hidden `__fleet` subcommand: runs one measurement and prints its result line.
 pub(crate) fn child_main(spec: &Spec) -> Result<(), BoxError> {
     let rt = runtime(&spec.runtime)?;
-    let m = match raw::service(&spec.backend) {
-        Some(service) => rt.block_on(raw::measure(spec, service))?,
-        None => rt.block_on(child::measure(spec))?,
+    let m = if let Some(backend) = heap_kept(&spec.backend) {
+        // The row says the heap was kept: it must have been.
+        let tunables = std::env::var("GLIBC_TUNABLES").unwrap_or_default();
+        if !tunables.split(':').any(|t| t == HEAP_KEPT_TUNABLE) {
+            return Err(format!("a {HEAP_KEPT} row without {HEAP_KEPT_TUNABLE}").into());
+        }
+        let spec = Spec {
+            backend: backend.to_owned(),
+            ..spec.clone()
+        };
+        rt.block_on(child::measure(&spec))?
+    } else {
+        match raw::service(&spec.backend) {
+            Some(service) => rt.block_on(raw::measure(spec, service))?,
+            None => rt.block_on(child::measure(spec))?,
+        }
     };
     println!("{}", m.line());
     rt.shutdown_timeout(Duration::from_secs(2));
@@ -179,7 +211,12 @@ pub(crate) fn child_main(spec: &Spec) -> Result<(), BoxError> {
 /// Runs one child process for `spec` and reads its result.
 fn run_child(spec: &Spec) -> Result<Measured, BoxError> {
     let exe = std::env::current_exe()?;
-    let out = std::process::Command::new(exe)
+    let mut cmd = std::process::Command::new(exe);
+    match heap_kept(&spec.backend) {
+        Some(_) => cmd.env("GLIBC_TUNABLES", HEAP_KEPT_TUNABLE),
+        None => cmd.env_remove("GLIBC_TUNABLES"),
+    };
+    let out = cmd
         .arg("__fleet")
         .args(["--backend", &spec.backend])
         .args(["--n", &spec.n.to_string()])
@@ -226,6 +263,11 @@ pub(super) fn run(rt: &str, quick: bool) -> Vec<FleetRow> {
     // ours).
     if !quick {
         specs.extend(raw::RAW.iter().map(|(backend, _)| spec(backend, RAW_N)));
+        specs.extend(
+            HEAP_KEPT_BACKENDS
+                .iter()
+                .map(|backend| spec(&format!("{backend}{HEAP_KEPT}"), RAW_N)),
+        );
     }
     let measure = |spec: &Spec| {
         let started = std::time::Instant::now();
@@ -297,6 +339,17 @@ pub(super) fn problems(rows: &[FleetRow]) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A heap-kept row names a measured backend, and only such a row is one.
+    #[test]
+    fn heap_kept_rows_name_measured_backends() {
+        for b in HEAP_KEPT_BACKENDS {
+            assert!(BACKENDS.contains(&b));
+            assert_eq!(heap_kept(&format!("{b}{HEAP_KEPT}")), Some(b));
+            assert_eq!(heap_kept(b), None);
+        }
+        assert!(raw::RAW.iter().all(|(b, _)| heap_kept(b).is_none()));
+    }
 
     #[test]
     fn a_result_line_reads_back_and_problems_never_judge_timings() {

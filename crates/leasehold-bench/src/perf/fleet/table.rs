@@ -5,7 +5,7 @@ use std::path::Path;
 
 use super::child::{ACQUIRE_BUDGET, IN_FLIGHT, REDLOCK_NODE_TIMEOUT};
 use super::raw::{CHUNK, SLICES};
-use super::{FLEET_TTL, FleetRow, Measured};
+use super::{FLEET_TTL, FleetRow, HEAP_KEPT, HEAP_KEPT_TUNABLE, Measured};
 use crate::report::charts::{self, Axes};
 use crate::report::{Table, csv_text};
 use crate::stats::ms;
@@ -93,7 +93,11 @@ pub(in crate::perf) fn table(rows: &[FleetRow], rt: &str) -> Option<Table> {
          {SLICES} slices of script calls of at most {CHUNK} keys, every node at once, each \
          call under a timer; a compare-and-delete script of the same shape to release): the \
          gap to the row of ours above it is what our leases cost, the row itself what the \
-         same traffic costs any client here.",
+         same traffic costs any client here. `{HEAP_KEPT}` rows: the same backend in a \
+         process started with `GLIBC_TUNABLES={HEAP_KEPT_TUNABLE}`, so that glibc's malloc \
+         keeps the memory each renewal batch frees instead of handing the top of its heaps back \
+         to the system for the next batch to fault in again: the CPU gap to the default row \
+         is what that churn costs, the RSS gap what keeping the memory costs.",
         ms(hold)
     ));
     Some(t)
