@@ -195,7 +195,11 @@ pub(crate) fn main(out: &Path, runtimes: &[&str], p: &Params) -> Result<(), BoxE
             md.push_str(&t.markdown());
             md.push('\n');
         }
-        if let Some(t) = fleet::table(&fleet_rows, flavour) {
+        let fleet_tables = [
+            fleet::table(&fleet_rows, flavour),
+            fleet::comparison(&fleet_rows, flavour),
+        ];
+        for t in fleet_tables.into_iter().flatten() {
             md.push_str(&t.markdown());
             md.push('\n');
         }

@@ -15,6 +15,11 @@
 //! the locks left at once and after the settle time (5 s; the backend still connected, so a
 //! lock a live session still carries shows); and the leases lost while held.
 //!
+//! Then, for the Redis family at N = 10,000, a second table: [`ROUNDS`] rounds, each measuring
+//! one after another our row, its raw floor ([`raw`]) and our row with the heap kept
+//! ([`HEAP_KEPT`]), reported as medians and as ratios to ours within each round (the host's
+//! load drifts over minutes; a ratio within a round cancels it).
+//!
 //! The group fails (as every `perf` failure: exit status 1) on any error, any lost lease, any
 //! lock left after the settle time, or more PostgreSQL sessions than `max_sessions` — never on
 //! a timing.
@@ -28,21 +33,24 @@ use std::time::Duration;
 
 use crate::harness::{BoxError, runtime};
 
-pub(super) use table::{chart, csv, table};
+pub(super) use table::{chart, comparison, csv, table};
 
 /// The TTL of every lease of the fleet scenario.
 pub(super) const FLEET_TTL: Duration = Duration::from_secs(3);
 
-/// The N of the raw rows ([`raw`]).
-const RAW_N: usize = 10_000;
+/// The N of the compared rows ([`compared`]).
+const COMPARED_N: usize = 10_000;
+
+/// How many rounds the compared rows take turns in.
+const ROUNDS: usize = 3;
 
 /// The backends measured, in run order.
 const BACKENDS: [&str; 5] = ["redis", "redlock5", "redis-cluster", "postgres", "etcd"];
 
-/// The backends measured again at the largest N in a process whose glibc malloc keeps the
-/// memory it frees ([`HEAP_KEPT`] rows): the Redis family, whose renewal batches allocate and
-/// free hundreds of kilobytes each.
-const HEAP_KEPT_BACKENDS: [&str; 3] = ["redis", "redlock5", "redis-cluster"];
+/// The backends compared at [`COMPARED_N`] with their raw floor ([`raw`]) and with the heap
+/// kept ([`HEAP_KEPT`]): the Redis family, whose renewal batches allocate and free hundreds of
+/// kilobytes each.
+const COMPARED: [&str; 3] = ["redis", "redlock5", "redis-cluster"];
 
 /// The suffix of a heap-kept row's backend name.
 const HEAP_KEPT: &str = "+heap-kept";
@@ -56,6 +64,15 @@ const HEAP_KEPT_TUNABLE: &str = "glibc.malloc.trim_threshold=67108864";
 /// The backend of a heap-kept row (`None` for any other row).
 fn heap_kept(backend: &str) -> Option<&str> {
     backend.strip_suffix(HEAP_KEPT)
+}
+
+/// The rows `backend` (one of [`COMPARED`]) is compared with in one round: itself first, then
+/// its raw floor if it has one, then itself with the heap kept.
+fn compared(backend: &str) -> Vec<String> {
+    let mut v = vec![backend.to_owned()];
+    v.extend(raw::of(backend).map(str::to_owned));
+    v.push(format!("{backend}{HEAP_KEPT}"));
+    v
 }
 
 /// What one child process measures.
@@ -99,6 +116,8 @@ pub(super) struct FleetRow {
     pub(super) runtime: String,
     pub(super) backend: String,
     pub(super) n: usize,
+    /// The round of a compared row ([`compared`]); `None` for the rows of the main table.
+    pub(super) round: Option<usize>,
     pub(super) result: Result<Measured, String>,
 }
 
@@ -255,25 +274,18 @@ pub(super) fn run(rt: &str, quick: bool) -> Vec<FleetRow> {
         settle,
         quick,
     };
-    let mut specs: Vec<Spec> = BACKENDS
+    let specs: Vec<(Spec, Option<usize>)> = BACKENDS
         .iter()
-        .flat_map(|backend| sizes.iter().map(|&n| spec(backend, n)))
+        .flat_map(|backend| sizes.iter().map(|&n| (spec(backend, n), None)))
         .collect();
-    // The floor under ours at the largest N (not under `--quick`: it checks no invariant of
-    // ours).
-    if !quick {
-        specs.extend(raw::RAW.iter().map(|(backend, _)| spec(backend, RAW_N)));
-        specs.extend(
-            HEAP_KEPT_BACKENDS
-                .iter()
-                .map(|backend| spec(&format!("{backend}{HEAP_KEPT}"), RAW_N)),
-        );
-    }
-    let measure = |spec: &Spec| {
+    let measure = |(spec, round): &(Spec, Option<usize>)| {
         let started = std::time::Instant::now();
         let result = run_child(spec).map_err(|e| e.to_string());
+        let round_label = round
+            .map(|r| format!(" round {}", r + 1))
+            .unwrap_or_default();
         eprintln!(
-            "perf [{rt}] fleet {} N={}: {:.1} s",
+            "perf [{rt}] fleet {} N={}{round_label}: {:.1} s",
             spec.backend,
             spec.n,
             started.elapsed().as_secs_f64()
@@ -282,22 +294,47 @@ pub(super) fn run(rt: &str, quick: bool) -> Vec<FleetRow> {
             runtime: rt.to_owned(),
             backend: spec.backend.clone(),
             n: spec.n,
+            round: *round,
             result,
         }
     };
-    if !quick {
-        return specs.iter().map(measure).collect();
+    if quick {
+        return at_once(&specs, measure, rt);
     }
+    // Then the compared rows (not under `--quick`: they check no invariant of ours that the
+    // rows above do not), taking turns so that the host's load, which drifts over minutes,
+    // weighs on each alike: each round every backend with its floor and its heap kept, the
+    // order turned by one each round.
+    let mut compared_specs = Vec::new();
+    for round in 0..ROUNDS {
+        for backend in COMPARED {
+            let mut rows = compared(backend);
+            let turn = round % rows.len();
+            rows.rotate_left(turn);
+            compared_specs.extend(rows.iter().map(|b| (spec(b, COMPARED_N), Some(round))));
+        }
+    }
+    specs.iter().chain(&compared_specs).map(measure).collect()
+}
+
+/// Every spec at once, each in a thread of its own (the quick run: its backends on servers of
+/// their own).
+fn at_once(
+    specs: &[(Spec, Option<usize>)],
+    measure: impl Fn(&(Spec, Option<usize>)) -> FleetRow + Sync,
+    rt: &str,
+) -> Vec<FleetRow> {
     std::thread::scope(|s| {
         let running: Vec<_> = specs.iter().map(|spec| s.spawn(|| measure(spec))).collect();
         running
             .into_iter()
-            .zip(&specs)
-            .map(|(t, spec)| {
+            .zip(specs)
+            .map(|(t, (spec, round))| {
                 t.join().unwrap_or_else(|_| FleetRow {
                     runtime: rt.to_owned(),
                     backend: spec.backend.clone(),
                     n: spec.n,
+                    round: *round,
                     result: Err("the measuring thread panicked".to_owned()),
                 })
             })
@@ -310,7 +347,11 @@ pub(super) fn run(rt: &str, quick: bool) -> Vec<FleetRow> {
 pub(super) fn problems(rows: &[FleetRow]) -> Vec<String> {
     let mut v = Vec::new();
     for r in rows {
-        let what = format!("[{}] fleet / {} / N={}", r.runtime, r.backend, r.n);
+        let round = r
+            .round
+            .map(|x| format!(" / round {}", x + 1))
+            .unwrap_or_default();
+        let what = format!("[{}] fleet / {} / N={}{round}", r.runtime, r.backend, r.n);
         match &r.result {
             Err(e) => v.push(format!("{what}: {e}")),
             Ok(m) => {
@@ -340,15 +381,32 @@ pub(super) fn problems(rows: &[FleetRow]) -> Vec<String> {
 mod tests {
     use super::*;
 
-    /// A heap-kept row names a measured backend, and only such a row is one.
+    /// Each compared backend is measured with its raw floor (when it has one) and its heap
+    /// kept; only a heap-kept row is one, and every raw row has a backend of ours.
     #[test]
-    fn heap_kept_rows_name_measured_backends() {
-        for b in HEAP_KEPT_BACKENDS {
+    fn compared_rows_name_measured_backends() {
+        for b in COMPARED {
             assert!(BACKENDS.contains(&b));
-            assert_eq!(heap_kept(&format!("{b}{HEAP_KEPT}")), Some(b));
-            assert_eq!(heap_kept(b), None);
+            let rows = compared(b);
+            assert_eq!(rows[0], b);
+            assert_eq!(heap_kept(rows.last().unwrap()), Some(b));
+            assert_eq!(rows.iter().filter(|r| heap_kept(r).is_some()).count(), 1);
+            for r in &rows[1..] {
+                assert!(raw::service(r).is_some() || heap_kept(r).is_some(), "{r}");
+            }
         }
+        assert_eq!(compared("redlock5")[1], "redlock5-raw");
+        assert_eq!(
+            compared("redis-cluster").len(),
+            2,
+            "no raw floor of a cluster"
+        );
         assert!(raw::RAW.iter().all(|(b, _)| heap_kept(b).is_none()));
+        assert!(
+            raw::RAW
+                .iter()
+                .all(|(b, _)| COMPARED.iter().any(|c| raw::of(c) == Some(b)))
+        );
     }
 
     #[test]
@@ -374,6 +432,7 @@ mod tests {
             runtime: "rt".into(),
             backend: "postgres".into(),
             n: 1000,
+            round: None,
             result: Ok(m),
         };
         let p = problems(&[row(m.clone())]);

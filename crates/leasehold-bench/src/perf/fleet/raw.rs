@@ -57,6 +57,13 @@ pub(super) fn service(backend: &str) -> Option<Service> {
     RAW.iter().find(|(b, _)| *b == backend).map(|(_, s)| *s)
 }
 
+/// The raw row of our backend `backend` (`redis` → `redis-raw`), if it has one.
+pub(super) fn of(backend: &str) -> Option<&'static str> {
+    RAW.iter()
+        .map(|(b, _)| *b)
+        .find(|b| b.strip_suffix("-raw") == Some(backend))
+}
+
 /// The N locks, each a key and its owner value.
 struct Locks {
     keys: Vec<String>,

@@ -5,10 +5,12 @@ use std::path::Path;
 
 use super::child::{ACQUIRE_BUDGET, IN_FLIGHT, REDLOCK_NODE_TIMEOUT};
 use super::raw::{CHUNK, SLICES};
-use super::{FLEET_TTL, FleetRow, HEAP_KEPT, HEAP_KEPT_TUNABLE, Measured};
+use super::{
+    COMPARED, COMPARED_N, FLEET_TTL, FleetRow, HEAP_KEPT, HEAP_KEPT_TUNABLE, Measured, compared,
+};
 use crate::report::charts::{self, Axes};
 use crate::report::{Table, csv_text};
-use crate::stats::ms;
+use crate::stats::{Spread, ms};
 
 fn per_period(x: Option<f64>) -> String {
     x.map_or_else(|| "–".into(), |x| format!("{x:.0}"))
@@ -38,7 +40,10 @@ fn cells(m: &Measured) -> Vec<String> {
 
 /// The fleet table of runtime `rt` (`None` if the group did not run on it).
 pub(in crate::perf) fn table(rows: &[FleetRow], rt: &str) -> Option<Table> {
-    let mine: Vec<&FleetRow> = rows.iter().filter(|r| r.runtime == rt).collect();
+    let mine: Vec<&FleetRow> = rows
+        .iter()
+        .filter(|r| r.runtime == rt && r.round.is_none())
+        .collect();
     let hold = mine
         .iter()
         .find_map(|r| r.result.as_ref().ok().map(|m| m.hold))?;
@@ -87,18 +92,97 @@ pub(in crate::perf) fn table(rows: &[FleetRow], rt: &str) -> Option<Table> {
          measured with the thread's `getrusage` around each); RSS / lease: resident memory growth from before the N acquisitions to \
          the end of the hold, over N. Each (backend, N) runs in a process of its own. Locks \
          left after settle: counted with the backend still connected (a TTL backend's keys \
-         expire by then anyway; the figure shows what a live session still carries). \
-         `redis-raw` and `redlock5-raw`: the floor, the same leases renewed by a bare redis-rs \
-         client with no lease bookkeeping (`SET NX PX` to take them; every renewal period, \
-         {SLICES} slices of script calls of at most {CHUNK} keys, every node at once, each \
-         call under a timer; a compare-and-delete script of the same shape to release): the \
-         gap to the row of ours above it is what our leases cost, the row itself what the \
-         same traffic costs any client here. `{HEAP_KEPT}` rows: the same backend in a \
-         process started with `GLIBC_TUNABLES={HEAP_KEPT_TUNABLE}`, so that glibc's malloc \
-         keeps the memory each renewal batch frees instead of handing the top of its heaps back \
-         to the system for the next batch to fault in again: the CPU gap to the default row \
-         is what that churn costs, the RSS gap what keeping the memory costs.",
+         expire by then anyway; the figure shows what a live session still carries).",
         ms(hold)
+    ));
+    Some(t)
+}
+
+/// The compared rows of runtime `rt` (`None` if none ran on it): each of ours at
+/// [`COMPARED_N`] against its raw floor and with its heap kept, as medians over the rounds and
+/// ratios of each round's figures.
+pub(in crate::perf) fn comparison(rows: &[FleetRow], rt: &str) -> Option<Table> {
+    let mine: Vec<&FleetRow> = rows
+        .iter()
+        .filter(|r| r.runtime == rt && r.round.is_some())
+        .collect();
+    if mine.is_empty() {
+        return None;
+    }
+    let rounds = mine.iter().filter_map(|r| r.round).max().unwrap_or(0) + 1;
+    let mut t = Table::new(
+        &format!(
+            "Fleet at N = {COMPARED_N}: ours against the raw floor and with the heap kept, \
+             {rounds} rounds taking turns, {rt} runtime"
+        ),
+        &[
+            "backend",
+            "rounds measured",
+            "client CPU (% of a core), median [range]",
+            "CPU / ours, per round",
+            "RSS / lease, median",
+            "RSS / ours, per round",
+        ],
+    );
+    // Round → figures of one backend name.
+    let of = |name: &str| -> Vec<(usize, &Measured)> {
+        mine.iter()
+            .filter(|r| r.backend == name)
+            .filter_map(|r| Some((r.round?, r.result.as_ref().ok()?)))
+            .collect()
+    };
+    for base in COMPARED {
+        let ours = of(base);
+        for name in compared(base) {
+            let runs = of(&name);
+            if runs.is_empty() {
+                t.row(vec![name, "**failed** in every round".to_owned()]);
+                continue;
+            }
+            let spread = |f: fn(&Measured) -> f64| {
+                Spread::of(&mut runs.iter().map(|(_, m)| f(m)).collect::<Vec<_>>())
+            };
+            let ratio = |f: fn(&Measured) -> f64| {
+                if name == base {
+                    return "–".to_owned();
+                }
+                let mut per_round: Vec<f64> = runs
+                    .iter()
+                    .filter_map(|(round, m)| {
+                        let o = ours.iter().find(|(r, _)| r == round)?.1;
+                        (f(o) > 0.0).then(|| f(m) / f(o))
+                    })
+                    .collect();
+                if per_round.is_empty() {
+                    return "–".to_owned();
+                }
+                Spread::of(&mut per_round).times()
+            };
+            let cpu = spread(|m| m.cpu_pct);
+            t.row(vec![
+                name.clone(),
+                runs.len().to_string(),
+                format!("{:.2} % [{:.2}–{:.2}]", cpu.median, cpu.min, cpu.max),
+                ratio(|m| m.cpu_pct),
+                format!("{:.0} B", spread(|m| m.rss_per_lease).median),
+                ratio(|m| m.rss_per_lease),
+            ]);
+        }
+    }
+    t.note(format!(
+        "Each round measures, one after another, every backend here (in a process of its own, \
+         as in the table above), its raw floor and itself with the heap kept, the order \
+         turned by one each round: the host's load drifts over minutes, so a ratio of two \
+         figures of one round is the figure to read. Raw rows (`redis-raw`, \
+         `redlock5-raw`): the same leases renewed by a bare redis-rs client with no lease \
+         bookkeeping (`SET NX PX` to take them; every renewal period, {SLICES} slices of \
+         script calls of at most {CHUNK} keys, every node at once, each call under a timer; a \
+         compare-and-delete script of the same shape to release): what the same traffic costs \
+         any client here, so that the gap to ours is what our leases cost. `{HEAP_KEPT}` rows: \
+         the same backend in a process started with `GLIBC_TUNABLES={HEAP_KEPT_TUNABLE}`, so \
+         that glibc's malloc keeps the memory each renewal batch frees instead of handing the \
+         top of its heaps back to the system for the next batch to fault in again: the CPU gap \
+         to ours is what that churn costs, the RSS gap what keeping the memory costs."
     ));
     Some(t)
 }
@@ -106,12 +190,18 @@ pub(in crate::perf) fn table(rows: &[FleetRow], rt: &str) -> Option<Table> {
 /// The CSV of the fleet rows.
 pub(in crate::perf) fn csv(rows: &[FleetRow]) -> String {
     let mut s = String::from(
-        "runtime,backend,n,error,acquire_ms,nodes,scripts_per_period,requests_per_period,\
+        "runtime,backend,n,round,error,acquire_ms,nodes,scripts_per_period,requests_per_period,\
          connections,pg_sessions,cpu_pct,rss_per_lease,release_ms,release_errors,left_at_once,\
          left_later,lost\n",
     );
     for r in rows {
-        let head = format!("{},{},{}", csv_text(&r.runtime), csv_text(&r.backend), r.n);
+        let round = r.round.map(|x| (x + 1).to_string()).unwrap_or_default();
+        let head = format!(
+            "{},{},{},{round}",
+            csv_text(&r.runtime),
+            csv_text(&r.backend),
+            r.n
+        );
         match &r.result {
             Err(e) => {
                 let _ = writeln!(s, "{head},{}{}", csv_text(e), ",".repeat(13));
@@ -169,7 +259,10 @@ fn lines_of(
 /// The charts of cost against N of runtime `rt`: server requests per renewal period, and
 /// client CPU; returns how many files it wrote.
 pub(in crate::perf) fn chart(out: &Path, rows: &[FleetRow], rt: &str) -> Result<usize, String> {
-    let mine: Vec<&FleetRow> = rows.iter().filter(|r| r.runtime == rt).collect();
+    let mine: Vec<&FleetRow> = rows
+        .iter()
+        .filter(|r| r.runtime == rt && r.round.is_none())
+        .collect();
     type Figure = fn(&Measured) -> Option<f64>;
     let figures: [(&str, &str, &str, Figure); 2] = [
         (
@@ -201,4 +294,57 @@ pub(in crate::perf) fn chart(out: &Path, rows: &[FleetRow], rt: &str) -> Result<
         n += 1;
     }
     Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(backend: &str, round: Option<usize>, cpu_pct: f64, rss: f64) -> FleetRow {
+        FleetRow {
+            runtime: "rt".into(),
+            backend: backend.into(),
+            n: COMPARED_N,
+            round,
+            result: Ok(Measured {
+                cpu_pct,
+                rss_per_lease: rss,
+                hold: std::time::Duration::from_secs(10),
+                ..Measured::default()
+            }),
+        }
+    }
+
+    /// The comparison reads each ratio within a round (the drift between rounds cancels), the
+    /// main table and charts leave the compared rows out, and a row that failed in every round
+    /// says so.
+    #[test]
+    fn compared_rows_are_ratios_within_each_round() {
+        let mut rows = vec![row("redis", None, 1.0, 700.0)];
+        // Round 1 on an idle host, round 2 on a loaded one: ours doubles, so does its floor.
+        for (round, load) in [(0, 1.0), (1, 2.0)] {
+            rows.push(row("redis", Some(round), 2.0 * load, 800.0));
+            rows.push(row("redis-raw", Some(round), 1.0 * load, 600.0));
+            rows.push(row("redis+heap-kept", Some(round), 1.5 * load, 880.0));
+        }
+        let md = comparison(&rows, "rt").unwrap().markdown();
+        let line = |name: &str| {
+            md.lines()
+                .find(|l| l.starts_with(&format!("| {name} |")))
+                .unwrap_or_else(|| panic!("no row {name} in {md}"))
+                .to_owned()
+        };
+        assert!(line("redis-raw").contains("| 0.500× |"), "{md}");
+        assert!(line("redis-raw").contains("| 0.750× |"), "{md}");
+        assert!(line("redis+heap-kept").contains("| 0.750× |"), "{md}");
+        assert!(line("redis+heap-kept").contains("| 1.100× |"), "{md}");
+        assert!(line("redis").contains("3.00 % [2.00–4.00]"), "{md}");
+        assert!(line("redlock5").contains("failed"), "{md}");
+        assert!(md.contains("2 rounds"), "{md}");
+
+        let main = table(&rows, "rt").unwrap().markdown();
+        assert_eq!(main.matches("| redis |").count(), 1, "{main}");
+        assert!(!main.contains("heap-kept") && !main.contains("redis-raw"));
+        assert!(comparison(&rows[..1], "rt").is_none());
+    }
 }
