@@ -281,13 +281,11 @@ pub(super) fn run(rt: &str, quick: bool) -> Vec<FleetRow> {
     let measure = |(spec, round): &(Spec, Option<usize>)| {
         let started = std::time::Instant::now();
         let result = run_child(spec).map_err(|e| e.to_string());
-        let round_label = round
-            .map(|r| format!(" round {}", r + 1))
-            .unwrap_or_default();
         eprintln!(
-            "perf [{rt}] fleet {} N={}{round_label}: {:.1} s",
+            "perf [{rt}] fleet {} N={}{}: {:.1} s",
             spec.backend,
             spec.n,
+            round_label(*round),
             started.elapsed().as_secs_f64()
         );
         FleetRow {
@@ -342,16 +340,25 @@ fn at_once(
     })
 }
 
+/// How a compared row's round is named after its backend and N (nothing for a main-table row).
+fn round_label(round: Option<usize>) -> String {
+    round
+        .map(|r| format!(" / round {}", r + 1))
+        .unwrap_or_default()
+}
+
 /// What makes the fleet group fail: errors, lost leases, locks left after the settle time,
 /// PostgreSQL sessions above the pool's bound. Never a timing.
 pub(super) fn problems(rows: &[FleetRow]) -> Vec<String> {
     let mut v = Vec::new();
     for r in rows {
-        let round = r
-            .round
-            .map(|x| format!(" / round {}", x + 1))
-            .unwrap_or_default();
-        let what = format!("[{}] fleet / {} / N={}{round}", r.runtime, r.backend, r.n);
+        let what = format!(
+            "[{}] fleet / {} / N={}{}",
+            r.runtime,
+            r.backend,
+            r.n,
+            round_label(r.round)
+        );
         match &r.result {
             Err(e) => v.push(format!("{what}: {e}")),
             Ok(m) => {
