@@ -124,8 +124,9 @@ struct PerfArgs {
     contention_secs: f64,
     /// Measurements of the repeated groups: the pinned PostgreSQL groups measure this many
     /// times, each on new connections (so on new server processes); the LockLayer group
-    /// runs 4 × this + 1 rounds; the failover group crashes this many leaders per backend.
-    /// Their tables give medians and ranges.
+    /// runs 4 × this + 1 rounds; the failover group crashes this many leaders per backend;
+    /// the handoff group measures every row in this many rounds taking turns. Their tables
+    /// give medians and ranges.
     #[arg(long, default_value_t = 5)]
     repeats: usize,
     /// Cycles per implementation and repeat in the pinned PostgreSQL groups.

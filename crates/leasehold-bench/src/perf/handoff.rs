@@ -5,7 +5,8 @@
 //! client was granted, so every grant hands the key over with W clients waiting. Handoff: from
 //! `release()` returning to the next grant. The table gives its p50 and p99 for each W, the
 //! p50 against the same backend's at the first W, and Redlock's one-waiter handoff against
-//! single-node Redis's.
+//! single-node Redis's. Every row is measured in `--repeats` rounds taking turns, and its
+//! ratios are taken within each round ([`merge`]).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -45,34 +46,85 @@ const DRAIN: Duration = Duration::from_secs(30);
 const WARM_TRIES: u32 = 3;
 
 /// The handoff rows of every backend that waits, on runtime `rt` (`out`: where the file
-/// backend's lock folder goes).
+/// backend's lock folder goes), measured in `--repeats` rounds (see [`merge`]).
 pub(super) async fn run(p: &Params, rt: &str, out: &Path) -> Vec<Row> {
     let mut rows = Vec::new();
-    let mut titles = Vec::new();
+    let mut subjects: Vec<(&str, Group)> = Vec::new();
     for name in BACKENDS {
-        let groups = match ours_only(name, out, p.quick).await {
-            Ok(g) => g,
-            Err(e) => {
-                rows.push(setup_failed(rt, &format!("handoff on {name}"), &e));
-                continue;
-            }
-        };
-        for g in &groups {
-            titles.push((name, g.title.clone()));
-            for &w in &p.waiters {
+        match ours_only(name, out, p.quick).await {
+            Ok(groups) => subjects.extend(groups.into_iter().map(|g| (name, g))),
+            Err(e) => rows.push(setup_failed(rt, &format!("handoff on {name}"), &e)),
+        }
+    }
+    let title = |n: &str| {
+        subjects
+            .iter()
+            .find(|(t, _)| *t == n)
+            .map(|(_, g)| g.title.clone())
+    };
+    let (redis, redlock) = (title("redis"), title("redlock5"));
+    // Each round measures every subject at every W, one after another, starting one further
+    // along each round: the host's load drifts over minutes, a ratio within a round cancels it.
+    let rounds = p.repeats.max(1);
+    let mut measured: Vec<Vec<Row>> = vec![Vec::new(); subjects.len() * p.waiters.len()];
+    for round in 0..rounds {
+        let mut this_round = Vec::new();
+        for k in 0..subjects.len() {
+            let at = (k + round) % subjects.len();
+            let (name, g) = &subjects[at];
+            for (j, &w) in p.waiters.iter().enumerate() {
                 let started = Instant::now();
-                rows.push(measure(p, rt, g, w).await);
+                this_round.push((at * p.waiters.len() + j, measure(p, rt, g, w).await));
                 eprintln!(
-                    "perf [{rt}] handoff on {name} ({}), W={w}: {:.1} s",
+                    "perf [{rt}] handoff on {name} ({}), W={w}, round {}/{rounds}: {:.1} s",
                     g.subjects[0].label,
+                    round + 1,
                     started.elapsed().as_secs_f64()
                 );
             }
         }
+        this_round.sort_by_key(|(i, _)| *i);
+        let (places, mut round_rows): (Vec<usize>, Vec<Row>) = this_round.into_iter().unzip();
+        ratios(&mut round_rows, p, redis.clone(), redlock.clone());
+        for (i, r) in places.into_iter().zip(round_rows) {
+            measured[i].push(r);
+        }
     }
-    let title = |n: &str| titles.iter().find(|(t, _)| *t == n).map(|(_, g)| g.clone());
-    ratios(&mut rows, p, title("redis"), title("redlock5"));
+    rows.extend(measured.into_iter().filter_map(merge));
     rows
+}
+
+/// One row of the rounds of a (backend, W): the figures of the round whose handoff p50 is the
+/// median (the lower one of an even count), the ratio as median and range of the rounds'
+/// ratios, the locks left summed. A round that failed makes the row fail with its error.
+fn merge(mut rounds: Vec<Row>) -> Option<Row> {
+    let leftovers = rounds
+        .iter()
+        .filter_map(|r| r.leftovers)
+        .reduce(|a, b| a + b);
+    let mut ratios: Vec<f64> = rounds
+        .iter()
+        .filter_map(|r| r.ratio.as_ref().map(|(s, _)| s.median))
+        .collect();
+    let of = rounds
+        .iter()
+        .find_map(|r| r.ratio.as_ref().map(|(_, of)| of.clone()));
+    let failed = rounds.iter().position(|r| r.error.is_some());
+    let mut row = match failed {
+        Some(i) => {
+            let mut r = rounds.swap_remove(i);
+            r.error = r.error.map(|e| format!("round {}: {e}", i + 1));
+            r
+        }
+        None => {
+            rounds.sort_by_key(|r| r.handoff_p50);
+            let mid = rounds.len().checked_sub(1)? / 2;
+            rounds.swap_remove(mid)
+        }
+    };
+    row.leftovers = leftovers;
+    row.ratio = of.map(|of| (Spread::of(&mut ratios), of));
+    Some(row)
 }
 
 /// Lock group `name` with our subjects alone, each in a group of its own (the first, in its
@@ -358,8 +410,10 @@ fn ratios(rows: &mut [Row], p: &Params, redis: Option<String>, redlock: Option<S
 pub(super) fn table(groups: &[(&str, Vec<&Row>)], rt: &str, p: &Params) -> Table {
     let title = format!(
         "Waiting at scale: W waiters on one key, each winner releasing at once; at most {} \
-         handoffs or {:?} per W ({rt} runtime)",
-        p.handoffs, p.handoff_budget
+         handoffs or {:?} per W, {} rounds taking turns ({rt} runtime)",
+        p.handoffs,
+        p.handoff_budget,
+        p.repeats.max(1)
     );
     let header = [
         "backend",
@@ -391,7 +445,12 @@ pub(super) fn table(groups: &[(&str, Vec<&Row>)], rt: &str, p: &Params) -> Table
          granted, so each release finds W waiters and every grant is a handoff. Handoff: from \
          `release()` returning to the next grant. *p50 ratio*: at W > 1 the handoff p50 \
          against the same backend's at W = 1; on the Redlock row at W = 1, against \
-         single-node Redis's at W = 1. *locks left* as in the cycle table."
+         single-node Redis's at W = 1. Each round measures every row once, one after \
+         another, starting one backend further along each round (`--repeats` rounds): a row's \
+         figures are those of its round with the median handoff p50, its p50 ratio the \
+         median and range of the ratios within each round (the host's load drifts over \
+         minutes, a ratio within a round cancels it). *locks left* as in the cycle table, \
+         summed over the rounds."
     ));
     t
 }
@@ -442,6 +501,33 @@ mod tests {
             "{:?}",
             r.error
         );
+    }
+
+    #[test]
+    fn rounds_merge_into_the_median_round_with_ratios_per_round() {
+        let row = |ms: u64, ratio: f64, left: u64| Row {
+            group: "redis".into(),
+            concurrency: 64,
+            handoff_p50: Some(Duration::from_millis(ms)),
+            ratio: Some((Spread::of(&mut [ratio]), "of W=1".into())),
+            leftovers: Some(left),
+            ..Row::default()
+        };
+        let merged = merge(vec![row(5, 1.5, 0), row(3, 1.1, 1), row(9, 2.5, 0)]).unwrap();
+        assert_eq!(merged.handoff_p50, Some(Duration::from_millis(5)));
+        assert_eq!(merged.leftovers, Some(1));
+        assert_eq!(ratio_cell(&merged), "1.500× [1.10–2.50×] of W=1");
+        // A failed round fails the row, saying which round.
+        let failed = Row {
+            error: Some("client 3: timed out".into()),
+            ..row(4, 1.0, 0)
+        };
+        let merged = merge(vec![row(5, 1.5, 0), failed]).unwrap();
+        assert_eq!(
+            merged.error.as_deref(),
+            Some("round 2: client 3: timed out")
+        );
+        assert!(merge(Vec::new()).is_none());
     }
 
     #[test]
