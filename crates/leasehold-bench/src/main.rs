@@ -113,8 +113,9 @@ struct PerfArgs {
     /// Task counts of the throughput scenario (comma-separated).
     #[arg(long, value_delimiter = ',', default_value = "1,8,64")]
     concurrency: Vec<usize>,
-    /// Seconds of each throughput run.
-    #[arg(long, default_value_t = 1.0)]
+    /// Seconds each implementation runs at each task count of the throughput scenario, over
+    /// its `--repeats` rounds (and the seconds of our side of the redis-benchmark group).
+    #[arg(long, default_value_t = 2.5)]
     throughput_secs: f64,
     /// Clients contending on one key.
     #[arg(long, default_value_t = 8)]
@@ -125,7 +126,8 @@ struct PerfArgs {
     /// Measurements of the repeated groups: the pinned PostgreSQL groups measure this many
     /// times, each on new connections (so on new server processes); the LockLayer group
     /// runs 4 × this + 1 rounds; the failover group crashes this many leaders per backend;
-    /// the handoff group measures every row in this many rounds taking turns. Their tables
+    /// the throughput scenario and the handoff group measure every row in this many rounds
+    /// taking turns. Their tables
     /// give medians and ranges.
     #[arg(long, default_value_t = 5)]
     repeats: usize,

@@ -4,7 +4,8 @@
 //! Scenarios, per group of implementations (a backend on one deployment, [`groups`]):
 //! - **cycle**: uncontended try-acquire + release latency (p50, p99, cycles/s), the
 //!   implementations of a group taking turns in rounds;
-//! - **throughput**: C tasks (1, 8, 64) cycling on distinct keys for a while;
+//! - **throughput**: C tasks (1, 8, 64) cycling on distinct keys, in rounds taking turns
+//!   (ratios taken within each round);
 //! - **contention**: C clients (one each, as separate processes would have) on one key, each
 //!   holding it 1 ms: handoff latency, longest wait (fairness), grants taken straight back, and a
 //!   check that no two grants overlapped.

@@ -14,7 +14,8 @@ pub(crate) struct Params {
     pub(crate) cycle_budget: Duration,
     /// Task counts of the throughput scenario.
     pub(crate) concurrency: Vec<usize>,
-    /// Duration of each throughput run (and of our side of the redis-benchmark group).
+    /// Time each subject runs at each task count of the throughput scenario, over all its
+    /// rounds (and the duration of our side of the redis-benchmark group).
     pub(crate) throughput: Duration,
     /// Clients on the one key of the contention scenario.
     pub(crate) clients: usize,
@@ -23,7 +24,8 @@ pub(crate) struct Params {
     /// Which groups to run (empty: all).
     pub(crate) groups: Vec<String>,
     /// Measurements of the repeated groups (pinned PostgreSQL, LockLayer overhead), each on
-    /// new connections; their tables give medians and ranges.
+    /// new connections, and rounds of the throughput and handoff scenarios; their tables
+    /// give medians and ranges.
     pub(crate) repeats: usize,
     /// Cycles per implementation and repeat in the pinned PostgreSQL groups.
     pub(crate) pinned_iterations: usize,
@@ -170,6 +172,9 @@ pub(crate) struct Row {
     pub(crate) longest_wait: Option<Duration>,
     pub(crate) straight_back: Option<f64>,
     pub(crate) leftovers: Option<u64>,
+    /// Throughput: the cycles per second of each round, in round order (a failed subject
+    /// stops early), so that ratios can be taken within rounds.
+    pub(crate) round_rates: Vec<f64>,
     /// A ratio measured in the same run (median and range over repeats), and what it is
     /// a ratio of.
     pub(crate) ratio: Option<(Spread, String)>,

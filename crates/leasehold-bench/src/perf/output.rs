@@ -127,17 +127,45 @@ fn cycle_table(groups: &[(&str, Vec<&Row>)], rt: &str) -> Table {
     t
 }
 
+/// The ratios of `r`'s rate, round by round, to the raw row's and the fastest peer's rate
+/// of the same round (`at_top`: the group's rows at the top task count): the median and
+/// range of each, or none without a shared round.
+fn round_ratios(r: &Row, at_top: &[&Row]) -> (Option<Spread>, Option<Spread>) {
+    let raw = at_top.iter().find(|x| x.kind == "raw");
+    let peers: Vec<&Row> = at_top
+        .iter()
+        .copied()
+        .filter(|x| x.kind == "peer" && x.error.is_none())
+        .collect();
+    let (mut vs_raw, mut vs_peer) = (Vec::new(), Vec::new());
+    for (k, &rate) in r.round_rates.iter().enumerate() {
+        if let Some(&b) = raw.and_then(|x| x.round_rates.get(k)).filter(|&&b| b > 0.0) {
+            vs_raw.push(rate / b);
+        }
+        let best = peers
+            .iter()
+            .filter_map(|x| x.round_rates.get(k).copied())
+            .fold(0.0, f64::max);
+        if best > 0.0 {
+            vs_peer.push(rate / best);
+        }
+    }
+    let spread = |mut v: Vec<f64>| (!v.is_empty()).then(|| Spread::of(&mut v));
+    (spread(vs_raw), spread(vs_peer))
+}
+
 /// One throughput line: the rates at each task count, the ratios at the top one.
 fn throughput_cells(
     p: &Params,
     g: &str,
     label: &str,
     rows: &[&Row],
-    base: (Option<f64>, Option<f64>),
+    at_top: &[&Row],
 ) -> Vec<String> {
     let top = p.concurrency.last().copied().unwrap_or(1);
     let mut cells = vec![g.to_owned(), String::new()];
-    let (mut failed, mut left_total, mut kind, mut top_rate) = (None, None::<u64>, "", None);
+    let (mut failed, mut left_total, mut kind) = (None, None::<u64>, "");
+    let mut ratios = (None, None);
     for &c in &p.concurrency {
         let r = rows.iter().find(|r| r.label == label && r.concurrency == c);
         cells.push(match r {
@@ -151,13 +179,14 @@ fn throughput_cells(
         if let Some(n) = r.leftovers {
             left_total = Some(left_total.unwrap_or(0) + n);
         }
-        if c == top {
-            top_rate = r.per_sec;
+        if c == top && r.error.is_none() {
+            ratios = round_ratios(r, at_top);
         }
     }
     cells[1] = format!("{label} *({kind})*");
-    cells.push(ratio(top_rate, base.0));
-    cells.push(ratio(top_rate, base.1));
+    let cell = |s: Option<Spread>| s.map_or_else(|| "–".into(), |s| s.times());
+    cells.push(cell(ratios.0));
+    cells.push(cell(ratios.1));
     cells.push(left(failed, left_total));
     cells
 }
@@ -172,8 +201,10 @@ fn throughput_table(groups: &[(&str, Vec<&Row>)], rt: &str, p: &Params) -> Table
     let header: Vec<&str> = header.iter().map(String::as_str).collect();
     let mut t = Table::new(
         &format!(
-            "Throughput: C tasks on distinct keys for {:?} each ({rt} runtime)",
-            p.throughput
+            "Throughput: C tasks on distinct keys for {:?} each, {} rounds taking turns ({rt} \
+             runtime)",
+            p.throughput,
+            p.repeats.max(1)
         ),
         &header,
     );
@@ -188,7 +219,6 @@ fn throughput_table(groups: &[(&str, Vec<&Row>)], rt: &str, p: &Params) -> Table
             .copied()
             .filter(|r| r.concurrency == top)
             .collect();
-        let base = baselines(&at_top, |r| r.per_sec, false);
         let mut labels: Vec<&str> = Vec::new();
         for r in &tput {
             if !labels.contains(&r.label.as_str()) {
@@ -196,14 +226,18 @@ fn throughput_table(groups: &[(&str, Vec<&Row>)], rt: &str, p: &Params) -> Table
             }
         }
         for l in labels {
-            t.row(throughput_cells(p, g, l, &tput, base));
+            t.row(throughput_cells(p, g, l, &tput, &at_top));
         }
     }
     t.note(
         "Shared clients (a `Locker`, a multiplexed connection, a peer's pool) serve all C tasks; \
-         our PostgreSQL backend shares at most `max_sessions` (10) sessions among all its locks. Each figure is two runs that \
-         alternate with the other implementations of the row's backend; *locks left* sums \
-         over the task counts."
+         our PostgreSQL backend shares at most `max_sessions` (10) sessions among all its locks. \
+         Each implementation runs its time in rounds that take turns with the other \
+         implementations of its backend, each round starting one implementation further \
+         along. Rates are over all rounds; a ratio is the median [range] of the ratios taken \
+         within each round (to the raw row's rate, and to the fastest peer's, of the same \
+         round), so dividing two printed rates need not give it. *locks left* sums over the \
+         task counts."
             .to_owned(),
     );
     t
@@ -594,6 +628,42 @@ mod tests {
         assert_eq!(ours[6], "2.00×", "{ours:?}");
         let md = t[0].markdown();
         assert!(md.contains("| g | fast peer *(peer)* |"), "{md}");
+    }
+
+    #[test]
+    fn throughput_ratios_are_taken_within_rounds() {
+        let tput = |label: &str, kind: &'static str, rates: &[f64]| Row {
+            scenario: Scenario::Throughput,
+            concurrency: 4,
+            cycles: 100,
+            per_sec: Some(rates.iter().sum::<f64>() / rates.len() as f64),
+            round_rates: rates.to_vec(),
+            ..test_row(label, kind, 1)
+        };
+        // The load halves in round 2: ours is 1.2× raw in both rounds although its mean
+        // rate is not 1.2× raw's mean; a peer that failed after one round sets no baseline
+        // for the rounds it missed.
+        let mut failed_peer = tput("failed peer", "peer", &[300.0]);
+        failed_peer.error = Some("boom".into());
+        let rows = vec![
+            tput("ours", "ours", &[120.0, 30.0, 60.0]),
+            tput("raw", "raw", &[100.0, 25.0, 50.0]),
+            tput("peer", "peer", &[60.0, 30.0, 40.0]),
+            failed_peer,
+        ];
+        let p = Params::quick(Vec::new(), false);
+        let t = tables(&rows, "rt", &p);
+        let ours = &t[0].rows[0];
+        assert_eq!(ours[4], "1.200×", "{ours:?}");
+        assert_eq!(ours[5], "1.500× [1.00–2.00×]", "{ours:?}");
+        let raw = &t[0].rows[1];
+        assert_eq!(raw[4], "1.000×", "{raw:?}");
+        assert_eq!(t[0].rows[3][4], "–", "a failed row has no ratio");
+        assert!(
+            t[0].title.contains("2 rounds taking turns"),
+            "{}",
+            t[0].title
+        );
     }
 
     #[test]

@@ -176,7 +176,10 @@ pub(super) async fn cycle_scenario(p: &Params, rt: &str, g: &Group) -> Vec<Row> 
     rows
 }
 
-/// The throughput scenario: `c` tasks on distinct keys for `p.throughput`.
+/// The throughput scenario: `c` tasks on distinct keys, each subject for `p.throughput` in
+/// all, split over `p.repeats` rounds that take turns (round k starts k subjects further
+/// along), so that a change in machine load hits every subject alike and a ratio can be
+/// taken within each round.
 pub(super) async fn throughput_scenario(p: &Params, rt: &str, g: &Group, c: usize) -> Vec<Row> {
     let mut rows: Vec<Row> = g
         .subjects
@@ -184,7 +187,7 @@ pub(super) async fn throughput_scenario(p: &Params, rt: &str, g: &Group, c: usiz
         .map(|s| base_row(rt, g, s, Scenario::Throughput, c))
         .collect();
     // Clients made and warmed up first, all tasks at once (pools open their connections,
-    // sessions are made); then the subjects take turns, `TPUT_ROUNDS` runs each.
+    // sessions are made); then the rounds.
     let mut fleets: Vec<Option<Fleet>> = Vec::new();
     for (s, r) in g.subjects.iter().zip(rows.iter_mut()) {
         let fleet = async {
@@ -209,21 +212,26 @@ pub(super) async fn throughput_scenario(p: &Params, rt: &str, g: &Group, c: usiz
             }
         }
     }
+    let rounds = p.repeats.max(1);
+    let per_round = p.throughput / rounds as u32;
     let mut totals = vec![(0usize, Duration::ZERO); fleets.len()];
-    for _ in 0..TPUT_ROUNDS {
-        for (i, slot) in fleets.iter_mut().enumerate() {
-            let Some((clients, tag)) = slot.as_ref() else {
+    for round in 0..rounds {
+        for turn in 0..fleets.len() {
+            let i = (round + turn) % fleets.len();
+            let Some((clients, tag)) = fleets[i].as_ref() else {
                 continue;
             };
             let t0 = Instant::now();
-            match run_tasks(clients, tag, Some(p.throughput / TPUT_ROUNDS)).await {
+            match run_tasks(clients, tag, Some(per_round)).await {
                 Ok(n) => {
+                    let elapsed = t0.elapsed();
                     totals[i].0 += n;
-                    totals[i].1 += t0.elapsed();
+                    totals[i].1 += elapsed;
+                    rows[i].round_rates.push(n as f64 / elapsed.as_secs_f64());
                 }
                 Err(e) => {
                     rows[i].error = Some(e);
-                    *slot = None;
+                    fleets[i] = None;
                 }
             }
         }
@@ -241,9 +249,6 @@ pub(super) async fn throughput_scenario(p: &Params, rt: &str, g: &Group, c: usiz
 
 /// One subject's clients in a throughput run, and the prefix of their keys.
 type Fleet = (Vec<Arc<dyn Client>>, String);
-
-/// Throughput runs per subject and task count, alternating between subjects.
-const TPUT_ROUNDS: u32 = 2;
 
 /// One task per client, each cycling on a key of its own: once (`run: None`) or until `run`
 /// has passed. Returns the cycles completed.
