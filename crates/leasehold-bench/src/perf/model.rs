@@ -175,6 +175,9 @@ pub(crate) struct Row {
     /// Throughput: the cycles per second of each round, in round order (a failed subject
     /// stops early), so that ratios can be taken within rounds.
     pub(crate) round_rates: Vec<f64>,
+    /// Throughput: the bench process's CPU time (user + system) per cycle over the subject's
+    /// turns (it includes what the process did meanwhile, such as other subjects' idle clients).
+    pub(crate) cpu_per_cycle: Option<Duration>,
     /// A ratio measured in the same run (median and range over repeats), and what it is
     /// a ratio of.
     pub(crate) ratio: Option<(Spread, String)>,

@@ -165,7 +165,7 @@ fn throughput_cells(
     let top = p.concurrency.last().copied().unwrap_or(1);
     let mut cells = vec![g.to_owned(), String::new()];
     let (mut failed, mut left_total, mut kind) = (None, None::<u64>, "");
-    let mut ratios = (None, None);
+    let (mut ratios, mut cpu) = ((None, None), None);
     for &c in &p.concurrency {
         let r = rows.iter().find(|r| r.label == label && r.concurrency == c);
         cells.push(match r {
@@ -181,12 +181,17 @@ fn throughput_cells(
         }
         if c == top && r.error.is_none() {
             ratios = round_ratios(r, at_top);
+            cpu = r.cpu_per_cycle;
         }
     }
     cells[1] = format!("{label} *({kind})*");
     let cell = |s: Option<Spread>| s.map_or_else(|| "–".into(), |s| s.times());
     cells.push(cell(ratios.0));
     cells.push(cell(ratios.1));
+    cells.push(cpu.map_or_else(
+        || "–".into(),
+        |d| format!("{:.1} µs", d.as_secs_f64() * 1e6),
+    ));
     cells.push(left(failed, left_total));
     cells
 }
@@ -197,6 +202,7 @@ fn throughput_table(groups: &[(&str, Vec<&Row>)], rt: &str, p: &Params) -> Table
     header.extend(p.concurrency.iter().map(|c| format!("C={c} cycles/s")));
     header.push(format!("vs raw at C={top}"));
     header.push(format!("vs best peer at C={top}"));
+    header.push(format!("client CPU per cycle at C={top}"));
     header.push("locks left".into());
     let header: Vec<&str> = header.iter().map(String::as_str).collect();
     let mut t = Table::new(
@@ -236,8 +242,9 @@ fn throughput_table(groups: &[(&str, Vec<&Row>)], rt: &str, p: &Params) -> Table
          implementations of its backend, each round starting one implementation further \
          along. Rates are over all rounds; a ratio is the median [range] of the ratios taken \
          within each round (to the raw row's rate, and to the fastest peer's, of the same \
-         round), so dividing two printed rates need not give it. *locks left* sums over the \
-         task counts."
+         round), so dividing two printed rates need not give it. *client CPU per cycle*: the \
+         bench process's user + system CPU time (`getrusage`) over the implementation's turns, \
+         per cycle (the servers' work is not in it). *locks left* sums over the task counts."
             .to_owned(),
     );
     t
@@ -659,6 +666,7 @@ mod tests {
         let raw = &t[0].rows[1];
         assert_eq!(raw[4], "1.000×", "{raw:?}");
         assert_eq!(t[0].rows[3][4], "–", "a failed row has no ratio");
+        assert_eq!(ours[6], "–", "no CPU time measured");
         assert!(
             t[0].title.contains("2 rounds taking turns"),
             "{}",

@@ -214,19 +214,21 @@ pub(super) async fn throughput_scenario(p: &Params, rt: &str, g: &Group, c: usiz
     }
     let rounds = p.repeats.max(1);
     let per_round = p.throughput / rounds as u32;
-    let mut totals = vec![(0usize, Duration::ZERO); fleets.len()];
+    // Per subject: cycles, time, and the process's CPU time (user + system) in its turns.
+    let mut totals = vec![(0usize, Duration::ZERO, Duration::ZERO); fleets.len()];
     for round in 0..rounds {
         for turn in 0..fleets.len() {
             let i = (round + turn) % fleets.len();
             let Some((clients, tag)) = fleets[i].as_ref() else {
                 continue;
             };
-            let t0 = Instant::now();
+            let (t0, cpu0) = (Instant::now(), cpu_time());
             match run_tasks(clients, tag, Some(per_round)).await {
                 Ok(n) => {
                     let elapsed = t0.elapsed();
                     totals[i].0 += n;
                     totals[i].1 += elapsed;
+                    totals[i].2 += cpu_time().saturating_sub(cpu0);
                     rows[i].round_rates.push(n as f64 / elapsed.as_secs_f64());
                 }
                 Err(e) => {
@@ -236,15 +238,21 @@ pub(super) async fn throughput_scenario(p: &Params, rt: &str, g: &Group, c: usiz
             }
         }
     }
-    for (r, (n, elapsed)) in rows.iter_mut().zip(totals) {
+    for (r, (n, elapsed, cpu)) in rows.iter_mut().zip(totals) {
         if r.error.is_none() {
             r.cycles = n;
             r.per_sec = Some(n as f64 / elapsed.as_secs_f64());
+            r.cpu_per_cycle = (n > 0 && !cpu.is_zero()).then(|| cpu.div_f64(n as f64));
         }
     }
     count_leftovers(p, g, &mut rows).await;
     drop(fleets);
     rows
+}
+
+/// The bench process's CPU time so far (zero if it cannot be read: the figure is then left out).
+fn cpu_time() -> Duration {
+    super::fleet::probe::cpu_time().unwrap_or_default()
 }
 
 /// One subject's clients in a throughput run, and the prefix of their keys.

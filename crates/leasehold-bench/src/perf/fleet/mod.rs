@@ -25,7 +25,7 @@
 //! a timing.
 
 mod child;
-mod probe;
+pub(crate) mod probe;
 mod raw;
 mod table;
 

@@ -189,7 +189,7 @@ async fn http_get(addr: &str, path: &str) -> Result<String, BoxError> {
 }
 
 /// User + system CPU time of this process so far (`getrusage`).
-pub(super) fn cpu_time() -> Result<Duration, BoxError> {
+pub(crate) fn cpu_time() -> Result<Duration, BoxError> {
     usage(UsageWho::RUSAGE_SELF)
 }
 
