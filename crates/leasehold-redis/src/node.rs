@@ -146,7 +146,12 @@ impl Node {
         if self.conn.get().is_some() || self.first_failed.load(Ordering::Relaxed) {
             return;
         }
-        if !matches!(tokio::time::timeout(bound, self.connect()).await, Ok(Ok(_))) {
+        // Boxed, as in `conn`: every Redlock request's future awaits this one, and would
+        // otherwise carry the connect's state machine (over 3 KiB) even when connected.
+        if !matches!(
+            tokio::time::timeout(bound, self.connect().boxed()).await,
+            Ok(Ok(_))
+        ) {
             self.first_failed.store(true, Ordering::Relaxed);
         }
     }
@@ -631,4 +636,27 @@ pub(crate) fn glob_escape(s: &str) -> String {
         out.push(c);
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The futures every request awaits stay small: a Redlock round moves each node's request
+    /// into a task of its own (several per lock cycle), so a connect's state machine (over
+    /// 3 KiB) carried unboxed in them was copied and allocated on every cycle, connected or not.
+    #[test]
+    fn request_futures_do_not_carry_the_connect() -> Result<(), RedisError> {
+        let client = Client::open("redis://127.0.0.1:1")?;
+        let node = Node::new(
+            "test",
+            Connector::Single(client, ConnectionManagerConfig::new()),
+            "127.0.0.1:1".into(),
+        );
+        let first = node.first_connect(Duration::from_secs(1));
+        assert!(size_of_val(&first) < 1024, "{} bytes", size_of_val(&first));
+        let conn = node.conn();
+        assert!(size_of_val(&conn) < 1024, "{} bytes", size_of_val(&conn));
+        Ok(())
+    }
 }
