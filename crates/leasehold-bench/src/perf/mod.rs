@@ -39,6 +39,7 @@
 //! `--quick` runs everything with tiny counts and fails (exit status 1) on any error,
 //! leftover or nonsensical figure; it never judges timings.
 
+mod charts;
 mod extras;
 pub(crate) mod failover;
 pub(crate) mod fleet;
@@ -210,7 +211,7 @@ pub(crate) fn main(out: &Path, runtimes: &[&str], p: &Params) -> Result<(), BoxE
         md.push('\n');
     }
     let (md_path, csv_path) = report::write(out, "perf", &md, &output::csv(&rows))?;
-    let mut charts = output::charts(out, &rows, runtimes)?;
+    let mut charts = charts::charts(out, &rows, runtimes)?;
     if !fleet_rows.is_empty() {
         std::fs::write(out.join("perf-fleet.csv"), fleet::csv(&fleet_rows))?;
         for &flavour in runtimes {
