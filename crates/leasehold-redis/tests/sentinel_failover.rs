@@ -87,6 +87,7 @@ async fn failover(options: &str, test: &str) -> Tally {
     let other = sentinel_locker(&url, &prefix).await;
     let master = services_cmd(&["sentinel-master"]);
     assert_eq!(master, "smaster", "the topology was not reset");
+    replicating(&node_field(&master, "port"), &prefix);
 
     // The replicas restarted by the last reset may not acknowledge a write at once (seen when
     // this test ran right after another one's reset: "1 of 2 replica(s) acknowledged the grant
@@ -235,6 +236,40 @@ fn node_field(node: &str, field: &str) -> String {
     value
         .unwrap_or_else(|| panic!("no {field} in {line:?}"))
         .to_owned()
+}
+
+/// Waits (up to 15 s) until both replicas acknowledge a write (a key under `prefix`, expiring
+/// by itself) on the master at `port`: a
+/// replica restarted by the last reset may still be loading its first copy, and one that
+/// replicates nothing turns every grant into a double grant (a fresh clone's run saw all
+/// 5,168 of them handed out again, the test's "some, not all" failing).
+fn replicating(port: &str, prefix: &str) {
+    let t0 = Instant::now();
+    loop {
+        // One connection: `WAIT` counts the replicas that acknowledged this client's write.
+        let mut cli = Command::new("redis-cli")
+            .args(["-p", port])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        {
+            use std::io::Write as _;
+            let mut stdin = cli.stdin.take().unwrap();
+            let cmds = format!("SET {prefix}replicating 1 PX 5000\nWAIT 2 1000\n");
+            stdin.write_all(cmds.as_bytes()).unwrap();
+        }
+        let out = cli.wait_with_output().unwrap();
+        let acked = String::from_utf8_lossy(&out.stdout);
+        if acked.lines().last().map(str::trim) == Some("2") {
+            return;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(15),
+            "the replicas of the master on port {port} do not acknowledge writes: {acked:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }
 
 /// The master's address, as the sentinels name it.
