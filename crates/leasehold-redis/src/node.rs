@@ -198,12 +198,6 @@ impl Node {
         fence: Option<FenceExpiry>,
     ) -> Result<Taken, Error> {
         let ms = ttl_ms(ttl);
-        let mut set = redis::cmd("SET");
-        set.arg(names.lock())
-            .arg(owner.as_str())
-            .arg("NX")
-            .arg("PX")
-            .arg(ms);
         if let Some(fence) = fence
             && (self.is_cluster() || fence.0.is_some())
         {
@@ -216,8 +210,9 @@ impl Node {
             let token: Option<u64> = self.eval(&ACQUIRE_FENCED, &cmd, "acquire").await?;
             return Ok(token.map_or(Taken::Held, |t| Taken::Granted(Some(FencingToken::new(t)))));
         }
-        let mut conn = self.conn().await?;
+        let set = take_call(names, owner, ttl);
         if fence.is_some() {
+            let mut conn = self.conn().await?;
             let mut tx = redis::pipe();
             tx.add_command(set).cmd("INCR").arg(names.fence());
             let (taken, token): (Option<redis::Value>, u64) = tx
@@ -229,7 +224,13 @@ impl Node {
                 Some(_) => Taken::Granted(Some(FencingToken::new(token))),
             });
         }
-        let taken: Option<redis::Value> = set
+        self.run_take(&set).await
+    }
+
+    /// Runs a [`take_call`] (no token).
+    pub(crate) async fn run_take(&self, call: &Cmd) -> Result<Taken, Error> {
+        let mut conn = self.conn().await?;
+        let taken: Option<redis::Value> = call
             .query_async(&mut conn)
             .await
             .map_err(|e| self.error(&e, "acquire"))?;
@@ -311,47 +312,13 @@ impl Node {
         owner: &Owner,
         fair: Option<Duration>,
     ) -> Result<bool, Error> {
-        self.release_as(names, owner, fair, false).await
+        let call = release_call(names, owner, fair, false, self.is_cluster());
+        self.run_release(&call).await
     }
 
-    /// Plain mode: compare-and-delete that hands the lock to no waiter, for a Redlock waiter's
-    /// round short of a quorum (see [`RELEASE`]). True if our grant was there.
-    pub(crate) async fn give_back(&self, names: &Names, owner: &Owner) -> Result<bool, Error> {
-        self.release_as(names, owner, None, true).await
-    }
-
-    async fn release_as(
-        &self,
-        names: &Names,
-        owner: &Owner,
-        fair: Option<Duration>,
-        quiet: bool,
-    ) -> Result<bool, Error> {
-        // The fair line's names only go along in fair mode (the script reads them only then).
-        let mut cmd = if fair.is_some() {
-            let mut cmd = evalsha(&RELEASE, 4, 4);
-            cmd.arg(names.lock())
-                .arg(names.channel())
-                .arg(names.waiters())
-                .arg(names.queue());
-            cmd
-        } else {
-            let mut cmd = evalsha(&RELEASE, 4, 4);
-            cmd.arg(names.lock())
-                .arg(names.channel())
-                .arg(names.wait_list())
-                .arg(names.waiters());
-            cmd
-        };
-        cmd.arg(owner.as_str())
-            .arg(if self.is_cluster() { "S" } else { "" })
-            .arg(match (fair, quiet) {
-                (Some(_), _) => "F",
-                (None, true) => "K",
-                (None, false) => "",
-            })
-            .arg(ttl_ms(fair.unwrap_or(HANDOFF)));
-        self.eval::<i64>(&RELEASE, &cmd, "release")
+    /// Runs a [`release_call`]: true if our grant was there.
+    pub(crate) async fn run_release(&self, call: &Cmd) -> Result<bool, Error> {
+        self.eval::<i64>(&RELEASE, call, "release")
             .await
             .map(|n| n == 1)
     }
@@ -622,6 +589,54 @@ pub(crate) fn ttl_ms(ttl: Duration) -> u64 {
 }
 
 /// The lock names of `key` under `prefix`.
+/// `SET <lock> <owner> NX PX <ttl>`: [`Node::take`] without a token. Built once for a
+/// Redlock round and sent to every node, as [`release_call`] is.
+pub(crate) fn take_call(names: &Names, owner: &Owner, ttl: Duration) -> Cmd {
+    let mut set = redis::cmd("SET");
+    set.arg(names.lock())
+        .arg(owner.as_str())
+        .arg("NX")
+        .arg("PX")
+        .arg(ttl_ms(ttl));
+    set
+}
+
+/// The script call of [`Node::release`] on a node that is a Redis Cluster master if
+/// `cluster`; `quiet`: the plain mode's compare-and-delete that hands the lock to no waiter,
+/// for a Redlock waiter's round short of a quorum (see [`RELEASE`]). Built once for a Redlock release and sent to every
+/// node: they are single servers, so the call is the same for each, and building it per node
+/// was a measured share of a Redlock cycle's client CPU.
+pub(crate) fn release_call(
+    names: &Names,
+    owner: &Owner,
+    fair: Option<Duration>,
+    quiet: bool,
+    cluster: bool,
+) -> Cmd {
+    let mut cmd = evalsha(&RELEASE, 4, 4);
+    // The fair line's names only go along in fair mode (the script reads them only then).
+    if fair.is_some() {
+        cmd.arg(names.lock())
+            .arg(names.channel())
+            .arg(names.waiters())
+            .arg(names.queue());
+    } else {
+        cmd.arg(names.lock())
+            .arg(names.channel())
+            .arg(names.wait_list())
+            .arg(names.waiters());
+    }
+    cmd.arg(owner.as_str())
+        .arg(if cluster { "S" } else { "" })
+        .arg(match (fair, quiet) {
+            (Some(_), _) => "F",
+            (None, true) => "K",
+            (None, false) => "",
+        })
+        .arg(ttl_ms(fair.unwrap_or(HANDOFF)));
+    cmd
+}
+
 pub(crate) fn names(prefix: &str, key: &LockKey) -> Names {
     Names::new(prefix, key)
 }

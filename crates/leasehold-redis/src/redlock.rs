@@ -18,7 +18,7 @@ use tokio::time::Instant;
 
 use crate::config::{REDLOCK as NAME, RedlockConfig};
 use crate::keys::{NameList, Names};
-use crate::node::{Connector, Node, Taken, names};
+use crate::node::{Connector, Node, Taken, names, release_call, take_call};
 use crate::quorum::{Outcome, Tally};
 use crate::renew::{Plan, copy};
 use crate::round::{Announce, GiveBack, Settled};
@@ -250,11 +250,11 @@ impl RedlockBackend {
     /// the fan-out task) after a wait that ended without the lock: no release should spend its
     /// one wake-up on it. Best effort: an entry left behind expires with the announcement.
     fn leave_wait_lists(&self, names: Names, owner: Owner) {
-        let names = Arc::new(names);
+        let call = Arc::new(release_call(&names, &owner, None, false, false));
         let bound = Duration::from_secs(1);
         drop(self.spawn_all(bound, bound, |node| {
-            let (names, owner) = (Arc::clone(&names), owner.clone());
-            async move { node.release(&names, &owner, None).await }
+            let call = Arc::clone(&call);
+            async move { node.run_release(&call).await }
         }));
     }
 
@@ -293,7 +293,9 @@ impl RedlockBackend {
             armed: true,
             quiet: false,
         };
-        let names = &names;
+        // One `SET NX PX` for every node (Redlock nodes are single servers).
+        let take = take_call(&names, owner, ttl);
+        let (names, take) = (&names, &take);
         let mut all: FuturesUnordered<_> = self
             .inner
             .nodes
@@ -306,16 +308,16 @@ impl RedlockBackend {
                     let _ = tokio::time::timeout(bound, prev.settled(i)).await;
                 }
                 node.first_connect(connect).await;
-                let take = async {
+                let attempt = async {
                     match announce {
                         Some(a) => {
                             node.take_or_wait(names, owner, ttl, None, ANNOUNCE, Some(a.ticket))
                                 .await
                         }
-                        None => node.take(names, owner, ttl, None).await,
+                        None => node.run_take(take).await,
                     }
                 };
-                let r = tokio::time::timeout(per_node, take)
+                let r = tokio::time::timeout(per_node, attempt)
                     .await
                     .map(|r| r.map(|t| matches!(t, Taken::Granted(_))));
                 (i, Outcome::from_result(r, per_node))
@@ -435,8 +437,9 @@ impl LockBackend for RedlockBackend {
     }
 
     async fn release(&self, held: Held<'_>) -> Result<bool, Error> {
-        let names = Arc::new(names(&self.inner.config.prefix, held.key));
-        let owner = held.owner.clone();
+        let names = names(&self.inner.config.prefix, held.key);
+        // One call for every node (Redlock nodes are single servers).
+        let call = Arc::new(release_call(&names, held.owner, None, false, false));
         // Releases are not bounded by the acquisition TTL (unknown here): a generous bound.
         let bound = Duration::from_secs(10);
         let per_node = self.patient_timeout(bound);
@@ -446,8 +449,8 @@ impl LockBackend for RedlockBackend {
         // spawned, `leasehold-cli`'s `redlock_end_to_end` found the key left on 2 of 5 nodes
         // after a release (requests the exit stopped before they went out, we think).
         let mut rx = self.spawn_all(per_node, bound, |node| {
-            let (names, owner) = (Arc::clone(&names), owner.clone());
-            async move { node.release(&names, &owner, None).await }
+            let call = Arc::clone(&call);
+            async move { node.run_release(&call).await }
         });
         // One wait for slow nodes: the patient per-node bound (at least 1 s). A late-answer
         // window on top of it (as `extend` has, whose per-node bound is the short one) would

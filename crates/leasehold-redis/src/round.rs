@@ -11,7 +11,8 @@ use leasehold_core::Owner;
 use tokio::sync::Notify;
 
 use crate::keys::Names;
-use crate::node::Node;
+use crate::node::{Node, release_call};
+use redis::Cmd;
 
 /// A waiter's announcement on the nodes (for `redlock::ANNOUNCE`): its ticket, the client's clock in
 /// ms when the wait began, the same on every node and for every round of the wait. The nodes
@@ -35,16 +36,10 @@ impl Announce {
     }
 }
 
-/// Compare-and-delete on one node, bounded; failures are logged (the key expires by TTL).
-async fn give_back(node: &Node, names: &Names, owner: &Owner, bound: Duration, quiet: bool) {
-    let release = async {
-        if quiet {
-            node.give_back(names, owner).await
-        } else {
-            node.release(names, owner, None).await
-        }
-    };
-    match tokio::time::timeout(bound, release).await {
+/// Compare-and-delete on one node (`call`: a [`release_call`]), bounded; failures are logged
+/// (the key expires by TTL).
+async fn give_back(node: &Node, call: &Cmd, bound: Duration) {
+    match tokio::time::timeout(bound, node.run_release(call)).await {
         Ok(Ok(_)) => {}
         Ok(Err(e)) => tracing::debug!(node = %node.name, error = %e, "redlock: give-back failed"),
         Err(_) => tracing::debug!(node = %node.name, "redlock: give-back timed out"),
@@ -132,12 +127,11 @@ impl GiveBack<'_> {
         // Without a runtime nothing can be sent: the grants expire by their TTL.
         tokio::runtime::Handle::try_current().ok()?;
         let settled = Settled::new(self.may_hold.len());
-        let (names, owner, bound, quiet) = (
-            Arc::new(self.names.clone()),
-            self.owner.clone(),
-            self.bound,
-            self.quiet,
-        );
+        // One call for every node (Redlock nodes are single servers).
+        let call = Arc::new(release_call(
+            self.names, self.owner, None, self.quiet, false,
+        ));
+        let bound = self.bound;
         let all: FuturesUnordered<_> = self
             .nodes
             .iter()
@@ -149,9 +143,9 @@ impl GiveBack<'_> {
                     return None;
                 }
                 let done = Settle(Arc::clone(&settled), i);
-                let (node, names, owner) = (Arc::clone(node), Arc::clone(&names), owner.clone());
+                let (node, call) = (Arc::clone(node), Arc::clone(&call));
                 Some(async move {
-                    give_back(&node, &names, &owner, bound, quiet).await;
+                    give_back(&node, &call, bound).await;
                     drop(done);
                 })
             })

@@ -446,6 +446,7 @@ impl LockBackend for RedisBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::node::release_call;
     use leasehold_core::{LeaseMonitor, Owner};
     use leasehold_test_support::require_service;
     use leasehold_test_support::services::{Service, unique_prefix};
@@ -547,7 +548,10 @@ mod tests {
         assert!(listed(&waiter).await, "the waiter did not announce itself");
 
         assert!(
-            !node.give_back(&names, &waiter).await.unwrap(),
+            !node
+                .run_release(&release_call(&names, &waiter, None, true, false))
+                .await
+                .unwrap(),
             "not the waiter's"
         );
         assert!(
