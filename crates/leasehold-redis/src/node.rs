@@ -588,7 +588,6 @@ pub(crate) fn ttl_ms(ttl: Duration) -> u64 {
     u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1)
 }
 
-/// The lock names of `key` under `prefix`.
 /// `SET <lock> <owner> NX PX <ttl>`: [`Node::take`] without a token. Built once for a
 /// Redlock round and sent to every node, as [`release_call`] is.
 pub(crate) fn take_call(names: &Names, owner: &Owner, ttl: Duration) -> Cmd {
@@ -603,9 +602,9 @@ pub(crate) fn take_call(names: &Names, owner: &Owner, ttl: Duration) -> Cmd {
 
 /// The script call of [`Node::release`] on a node that is a Redis Cluster master if
 /// `cluster`; `quiet`: the plain mode's compare-and-delete that hands the lock to no waiter,
-/// for a Redlock waiter's round short of a quorum (see [`RELEASE`]). Built once for a Redlock release and sent to every
-/// node: they are single servers, so the call is the same for each, and building it per node
-/// was a measured share of a Redlock cycle's client CPU.
+/// for a Redlock waiter's round short of a quorum (see [`RELEASE`]). Built once for a Redlock
+/// release and sent to every node: they are single servers, so the call is the same for each,
+/// and building it per node was a measured share of a Redlock cycle's client CPU.
 pub(crate) fn release_call(
     names: &Names,
     owner: &Owner,
@@ -637,6 +636,7 @@ pub(crate) fn release_call(
     cmd
 }
 
+/// The lock names of `key` under `prefix`.
 pub(crate) fn names(prefix: &str, key: &LockKey) -> Names {
     Names::new(prefix, key)
 }

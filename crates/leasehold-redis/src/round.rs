@@ -8,11 +8,11 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
 use leasehold_core::Owner;
+use redis::Cmd;
 use tokio::sync::Notify;
 
 use crate::keys::Names;
 use crate::node::{Node, release_call};
-use redis::Cmd;
 
 /// A waiter's announcement on the nodes (for `redlock::ANNOUNCE`): its ticket, the client's clock in
 /// ms when the wait began, the same on every node and for every round of the wait. The nodes
