@@ -12,6 +12,7 @@ use leasehold_core::{
     Backoff, Capabilities, Error, ErrorKind, ExtendRequest, FencingKind, Grant, Held, HolderInfo,
     LockBackend, LockKey, LockRequest, Owner, SafetyClass, Validity, WaitKind, Waited,
 };
+use redis::Cmd;
 use redis::aio::ConnectionManagerConfig;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -293,9 +294,17 @@ impl RedlockBackend {
             armed: true,
             quiet: false,
         };
-        // One `SET NX PX` for every node (Redlock nodes are single servers).
-        let take = take_call(&names, owner, ttl);
-        let (names, take) = (&names, &take);
+        // A waiter's round sends its script; any other round one `SET NX PX`, the same for
+        // every node (Redlock nodes are single servers).
+        enum Round {
+            Wait(Announce),
+            Take(Cmd),
+        }
+        let round = match announce {
+            Some(a) => Round::Wait(a),
+            None => Round::Take(take_call(&names, owner, ttl)),
+        };
+        let (names, round) = (&names, &round);
         let mut all: FuturesUnordered<_> = self
             .inner
             .nodes
@@ -309,12 +318,12 @@ impl RedlockBackend {
                 }
                 node.first_connect(connect).await;
                 let attempt = async {
-                    match announce {
-                        Some(a) => {
+                    match round {
+                        Round::Wait(a) => {
                             node.take_or_wait(names, owner, ttl, None, ANNOUNCE, Some(a.ticket))
                                 .await
                         }
-                        None => node.run_take(take).await,
+                        Round::Take(take) => node.run_take(take).await,
                     }
                 };
                 let r = tokio::time::timeout(per_node, attempt)
