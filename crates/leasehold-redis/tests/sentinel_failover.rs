@@ -87,7 +87,7 @@ async fn failover(options: &str, test: &str) -> Tally {
     let other = sentinel_locker(&url, &prefix).await;
     let master = services_cmd(&["sentinel-master"]);
     assert_eq!(master, "smaster", "the topology was not reset");
-    replicating(&node_field(&master, "port"), &prefix);
+    replicating(&node_field(&master, "port"), &prefix).await;
 
     // The replicas restarted by the last reset may not acknowledge a write at once (seen when
     // this test ran right after another one's reset: "1 of 2 replica(s) acknowledged the grant
@@ -239,36 +239,41 @@ fn node_field(node: &str, field: &str) -> String {
 }
 
 /// Waits (up to 15 s) until both replicas acknowledge a write (a key under `prefix`, expiring
-/// by itself) on the master at `port`: a
-/// replica restarted by the last reset may still be loading its first copy, and one that
-/// replicates nothing turns every grant into a double grant (a fresh clone's run saw all
-/// 5,168 of them handed out again, the test's "some, not all" failing).
-fn replicating(port: &str, prefix: &str) {
-    let t0 = Instant::now();
+/// by itself) on the master at `port`: the test's precondition, checked rather than assumed. A
+/// fresh clone's run once saw all 5,168 grants handed out again, the 20 taken before the fault
+/// among them, as if the promoted replica had replicated nothing; the cause was not
+/// established (the reset already waits for both replicas to report `state=online`), so the
+/// test now fails here, with its own message, if the topology does not replicate.
+async fn replicating(port: &str, prefix: &str) {
+    let url = format!("redis://127.0.0.1:{port}");
+    let client = redis::Client::open(url.as_str()).unwrap_or_else(|e| panic!("{url}: {e}"));
+    // One connection: `WAIT` counts the replicas that acknowledged this client's writes.
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap_or_else(|e| panic!("connect to {url}: {e}"));
+    let until = Instant::now() + Duration::from_secs(15);
     loop {
-        // One connection: `WAIT` counts the replicas that acknowledged this client's write.
-        let mut cli = Command::new("redis-cli")
-            .args(["-p", port])
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        {
-            use std::io::Write as _;
-            let mut stdin = cli.stdin.take().unwrap();
-            let cmds = format!("SET {prefix}replicating 1 PX 5000\nWAIT 2 1000\n");
-            stdin.write_all(cmds.as_bytes()).unwrap();
-        }
-        let out = cli.wait_with_output().unwrap();
-        let acked = String::from_utf8_lossy(&out.stdout);
-        if acked.lines().last().map(str::trim) == Some("2") {
+        let (_, acked): ((), i64) = redis::pipe()
+            .cmd("SET")
+            .arg(format!("{prefix}replicating"))
+            .arg(1)
+            .arg("PX")
+            .arg(5000)
+            .cmd("WAIT")
+            .arg(2)
+            .arg(1000)
+            .query_async(&mut conn)
+            .await
+            .unwrap_or_else(|e| panic!("SET + WAIT on {url}: {e}"));
+        if acked == 2 {
             return;
         }
         assert!(
-            t0.elapsed() < Duration::from_secs(15),
-            "the replicas of the master on port {port} do not acknowledge writes: {acked:?}"
+            Instant::now() < until,
+            "the replicas of the master on port {port} do not acknowledge writes ({acked} of 2)"
         );
-        std::thread::sleep(Duration::from_millis(200));
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 
