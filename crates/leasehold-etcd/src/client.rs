@@ -2,7 +2,7 @@
 //! session lease, the in-process lock table, and the etcd requests built on them.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{
@@ -10,11 +10,11 @@ use etcd_client::{
     TxnOp, TxnOpResponse, TxnResponse,
 };
 use leasehold_core::{Backoff, Error, ErrorKind, FencingToken};
-use tokio::sync::{AcquireError, Semaphore};
 
 use crate::NAME;
 use crate::config::EtcdConfig;
 use crate::error::{EtcdError, with_timeout};
+use crate::local::LocalTable;
 use crate::session::{Session, lease_secs};
 
 /// How many session leases (distinct TTLs) a backend keeps before it revokes the ones nobody
@@ -27,10 +27,10 @@ pub(crate) struct Inner {
     /// The current session leases ([`LeaseMode::Session`]), one per distinct lease TTL in
     /// whole seconds ([`lease_secs`]); each replaced when lost.
     pub(crate) sessions: tokio::sync::Mutex<HashMap<i64, Arc<Session>>>,
-    /// In-process exclusion: one semaphore per waiter key (lock prefix + session lease), so
-    /// two local tasks never share a waiter key (etcd would count them as one owner). The key
-    /// is the one the slot and the grant hold: stored once per held lock.
-    local: Mutex<HashMap<Key, Arc<Semaphore>>>,
+    /// In-process exclusion: two local tasks never share a waiter key (lock prefix + session
+    /// lease; etcd would count them as one owner). The key is the one the slot and the grant
+    /// hold: stored once per held lock.
+    pub(crate) local: Arc<LocalTable>,
 }
 
 impl Inner {
@@ -39,7 +39,7 @@ impl Inner {
             client,
             config,
             sessions: tokio::sync::Mutex::new(HashMap::new()),
-            local: Mutex::new(HashMap::new()),
+            local: Arc::default(),
         }
     }
 
@@ -95,10 +95,6 @@ impl Inner {
     pub(crate) async fn no_live_session(&self) -> bool {
         let sessions = self.sessions.lock().await;
         sessions.values().all(|s| s.is_lost())
-    }
-
-    fn local(&self) -> MutexGuard<'_, HashMap<Key, Arc<Semaphore>>> {
-        self.local.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     pub(crate) async fn txn(&self, what: &'static str, txn: Txn) -> Result<TxnResponse, EtcdError> {
@@ -166,72 +162,6 @@ pub(crate) fn waiter_key(prefix: &[u8], lease: i64) -> Vec<u8> {
     key.extend_from_slice(prefix);
     key.extend_from_slice(hex.as_bytes());
     key
-}
-
-/// One in-process lock slot: the semaphore of a waiter key, and our permit once we have it.
-/// Dropping it gives the permit back and forgets the semaphore if nobody else uses it.
-pub(crate) struct LocalSlot {
-    inner: Arc<Inner>,
-    key: Key,
-    sem: Arc<Semaphore>,
-    /// Whether we hold the semaphore's permit (taken and forgotten, so that the slot carries
-    /// no permit object of its own; given back on drop).
-    held: bool,
-}
-
-impl LocalSlot {
-    pub(crate) fn new(inner: &Arc<Inner>, key: Key) -> Self {
-        let sem = Arc::clone(
-            inner
-                .local()
-                .entry(Arc::clone(&key))
-                .or_insert_with(|| Arc::new(Semaphore::new(1))),
-        );
-        Self {
-            inner: Arc::clone(inner),
-            key,
-            sem,
-            held: false,
-        }
-    }
-
-    /// The waiter key this slot guards.
-    pub(crate) fn key(&self) -> &Key {
-        &self.key
-    }
-
-    /// Takes the permit if it is free: whether we hold it now.
-    pub(crate) fn try_take(&mut self) -> bool {
-        match self.sem.try_acquire() {
-            Ok(permit) => {
-                permit.forget();
-                self.held = true;
-                true
-            }
-            Err(_) => false,
-        }
-    }
-
-    /// Waits for the permit (first come, first served). Cancel-safe: a wait dropped before
-    /// it completes holds nothing.
-    pub(crate) async fn take(&mut self) -> Result<(), AcquireError> {
-        self.sem.acquire().await?.forget();
-        self.held = true;
-        Ok(())
-    }
-}
-
-impl Drop for LocalSlot {
-    fn drop(&mut self) {
-        if std::mem::take(&mut self.held) {
-            self.sem.add_permits(1);
-        }
-        let mut map = self.inner.local();
-        // Two references: the map's and ours. Nobody else waits on it: forget it.
-        if Arc::strong_count(&self.sem) == 2 {
-            map.remove(&self.key);
-        }
-    }
 }
 
 /// The oldest key under a prefix: the lock's holder.

@@ -8,9 +8,10 @@ use std::time::Duration;
 
 use leasehold_core::{Error, ExtendRequest, Held, Owner, Validity};
 
-use crate::client::{Inner, Key, LocalSlot, finish};
+use crate::client::{Inner, Key, finish};
 use crate::config::LeaseMode;
 use crate::error::EtcdError;
+use crate::local::LocalSlot;
 use crate::session::Session;
 
 /// Releases `held`, a grant under `range`: by its state, or by deleting whatever key under

@@ -20,11 +20,12 @@ use tokio::time::Instant;
 
 use crate::NAME;
 use crate::client::{
-    Inner, Key, LocalSlot, all_kvs, checked_revision, finish, first_created, first_kv, revision,
-    token, waiter_key,
+    Inner, Key, all_kvs, checked_revision, finish, first_created, first_kv, revision, token,
+    waiter_key,
 };
 use crate::config::LeaseMode;
 use crate::held::EtcdGrant;
+use crate::local::LocalSlot;
 use crate::session::Session;
 
 pub(crate) use permits::Limit;
@@ -56,7 +57,7 @@ pub(crate) async fn queue_under(
         (LeaseMode::Session, Queue::Permits(_)) => (Some(inner.session(req.ttl).await?), None),
         (LeaseMode::Session, Queue::One) => loop {
             let session = inner.session(req.ttl).await?;
-            let mut slot = LocalSlot::new(inner, waiter_key(&prefix, session.id()).into());
+            let mut slot = LocalSlot::new(&inner.local, waiter_key(&prefix, session.id()).into());
             match mode {
                 Mode::Try if slot.try_take() => break (Some(session), Some(slot)),
                 Mode::Try => return Ok(None),

@@ -187,6 +187,7 @@ mod election;
 mod error;
 mod held;
 mod job;
+mod local;
 mod names;
 mod semaphore;
 mod session;
