@@ -2,7 +2,7 @@
 
 use std::fmt;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
@@ -46,7 +46,9 @@ struct Inner {
     /// release's horizon, an `extend`'s TTL check) rather than copied into every lease.
     backend: Arc<dyn LockBackend>,
     shared: Arc<Shared>,
-    ttl: Mutex<Duration>,
+    /// The TTL of the last grant or `extend`, in nanoseconds: an atomic, not a mutex, as it is
+    /// kept by every lease (a fleet's thousands) and read by every renewal.
+    ttl: AtomicU64,
     released: AtomicBool,
     /// The lease's place in the renewal engine's queue, while it renews.
     watchdog: Mutex<Option<Ticket>>,
@@ -66,7 +68,11 @@ impl Inner {
     }
 
     fn ttl(&self) -> Duration {
-        *self.ttl.lock().unwrap_or_else(PoisonError::into_inner)
+        Duration::from_nanos(self.ttl.load(Ordering::Acquire))
+    }
+
+    fn set_ttl(&self, ttl: Duration) {
+        self.ttl.store(nanos(ttl), Ordering::Release);
     }
 
     /// How long a background release of this grant may go on, the grant last re-armed by a
@@ -104,6 +110,11 @@ impl Inner {
         // Dropped outside the lock: leaving the engine's queue takes the engine's lock.
         drop(ticket);
     }
+}
+
+/// `ttl` in whole nanoseconds, as [`Inner`] keeps it (saturating past 584 years).
+fn nanos(ttl: Duration) -> u64 {
+    u64::try_from(ttl.as_nanos()).unwrap_or(u64::MAX)
 }
 
 impl Renewable for Inner {
@@ -182,7 +193,7 @@ impl Lease {
                 state: grant.state,
                 backend,
                 shared,
-                ttl: Mutex::new(ttl),
+                ttl: AtomicU64::new(nanos(ttl)),
                 released: AtomicBool::new(false),
                 watchdog: Mutex::new(None),
                 renewing_until: Mutex::new(None),
@@ -317,11 +328,7 @@ impl Lease {
             let result = match outcome {
                 Ok(Some(v)) => match self.inner.shared.renew(v) {
                     Ok(()) => {
-                        *self
-                            .inner
-                            .ttl
-                            .lock()
-                            .unwrap_or_else(PoisonError::into_inner) = ttl;
+                        self.inner.set_ttl(ttl);
                         self.rearm_watchdog(ttl);
                         Ok(())
                     }
