@@ -312,7 +312,8 @@ impl Node {
         owner: &Owner,
         fair: Option<Duration>,
     ) -> Result<bool, Error> {
-        let call = release_call(names, owner, fair, false, self.is_cluster());
+        let handoff = fair.map_or(Handoff::Plain, Handoff::Fair);
+        let call = release_call(names, owner, handoff, self.is_cluster());
         self.run_release(&call).await
     }
 
@@ -600,21 +601,27 @@ pub(crate) fn take_call(names: &Names, owner: &Owner, ttl: Duration) -> Cmd {
     set
 }
 
-/// The script call of [`Node::release`] on a node that is a Redis Cluster master if
-/// `cluster`; `quiet`: the plain mode's compare-and-delete that hands the lock to no waiter,
-/// for a Redlock waiter's round short of a quorum (see [`RELEASE`]). Built once for a Redlock
-/// release and sent to every node: they are single servers, so the call is the same for each,
-/// and building it per node was a measured share of a Redlock cycle's client CPU.
-pub(crate) fn release_call(
-    names: &Names,
-    owner: &Owner,
-    fair: Option<Duration>,
-    quiet: bool,
-    cluster: bool,
-) -> Cmd {
+/// To whom a release hands the lock (see [`RELEASE`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Handoff {
+    /// Plain mode: to the first live waiter on the wait list, if any.
+    Plain,
+    /// Fair mode, the grace period a woken waiter has to claim it: to the first live waiter
+    /// in line; a release by a waiter also leaves the line.
+    Fair(Duration),
+    /// To nobody: a Redlock waiter's give-back after a round short of a quorum (the waiter
+    /// goes on waiting and keeps its place).
+    Nobody,
+}
+
+/// The script call of [`Node::release`], handing the lock on as `handoff` says, on a node
+/// that is a Redis Cluster master if `cluster`. Built once for a Redlock release and sent to
+/// every node: they are single servers, so the call is the same for each, and building it
+/// per node was a measured share of a Redlock cycle's client CPU.
+pub(crate) fn release_call(names: &Names, owner: &Owner, handoff: Handoff, cluster: bool) -> Cmd {
     let mut cmd = evalsha(&RELEASE, 4, 4);
     // The fair line's names only go along in fair mode (the script reads them only then).
-    if fair.is_some() {
+    if let Handoff::Fair(_) = handoff {
         cmd.arg(names.lock())
             .arg(names.channel())
             .arg(names.waiters())
@@ -627,12 +634,15 @@ pub(crate) fn release_call(
     }
     cmd.arg(owner.as_str())
         .arg(if cluster { "S" } else { "" })
-        .arg(match (fair, quiet) {
-            (Some(_), _) => "F",
-            (None, true) => "K",
-            (None, false) => "",
+        .arg(match handoff {
+            Handoff::Fair(_) => "F",
+            Handoff::Nobody => "K",
+            Handoff::Plain => "",
         })
-        .arg(ttl_ms(fair.unwrap_or(HANDOFF)));
+        .arg(ttl_ms(match handoff {
+            Handoff::Fair(grace) => grace,
+            Handoff::Plain | Handoff::Nobody => HANDOFF,
+        }));
     cmd
 }
 

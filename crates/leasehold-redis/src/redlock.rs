@@ -19,7 +19,7 @@ use tokio::time::Instant;
 
 use crate::config::{REDLOCK as NAME, RedlockConfig};
 use crate::keys::{NameList, Names};
-use crate::node::{Connector, Node, Taken, names, release_call, take_call};
+use crate::node::{Connector, Handoff, Node, Taken, names, release_call, take_call};
 use crate::quorum::{Outcome, Tally};
 use crate::renew::{Plan, copy};
 use crate::round::{Announce, GiveBack, Settled};
@@ -251,7 +251,7 @@ impl RedlockBackend {
     /// the fan-out task) after a wait that ended without the lock: no release should spend its
     /// one wake-up on it. Best effort: an entry left behind expires with the announcement.
     fn leave_wait_lists(&self, names: Names, owner: Owner) {
-        let call = Arc::new(release_call(&names, &owner, None, false, false));
+        let call = Arc::new(release_call(&names, &owner, Handoff::Plain, false));
         let bound = Duration::from_secs(1);
         drop(self.spawn_all(bound, bound, |node| {
             let call = Arc::clone(&call);
@@ -292,7 +292,7 @@ impl RedlockBackend {
             bound,
             may_hold: vec![true; self.inner.nodes.len()],
             armed: true,
-            quiet: false,
+            handoff: Handoff::Plain,
         };
         // A waiter's round sends its script; any other round one `SET NX PX`, the same for
         // every node (Redlock nodes are single servers).
@@ -350,7 +350,9 @@ impl RedlockBackend {
             give_back.armed = false;
             return (Ok(Some(Grant::new(req.ttl_validity()))), None);
         }
-        give_back.quiet = announce.is_some() && !quorum;
+        if announce.is_some() && !quorum {
+            give_back.handoff = Handoff::Nobody;
+        }
         let settled = give_back.send();
         if quorum {
             let e = Error::new(
@@ -448,7 +450,7 @@ impl LockBackend for RedlockBackend {
     async fn release(&self, held: Held<'_>) -> Result<bool, Error> {
         let names = names(&self.inner.config.prefix, held.key);
         // One call for every node (Redlock nodes are single servers).
-        let call = Arc::new(release_call(&names, held.owner, None, false, false));
+        let call = Arc::new(release_call(&names, held.owner, Handoff::Plain, false));
         // Releases are not bounded by the acquisition TTL (unknown here): a generous bound.
         let bound = Duration::from_secs(10);
         let per_node = self.patient_timeout(bound);

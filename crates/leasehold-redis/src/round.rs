@@ -12,7 +12,7 @@ use redis::Cmd;
 use tokio::sync::Notify;
 
 use crate::keys::Names;
-use crate::node::{Node, release_call};
+use crate::node::{Handoff, Node, release_call};
 
 /// A waiter's announcement on the nodes (for `redlock::ANNOUNCE`): its ticket, the client's clock in
 /// ms when the wait began, the same on every node and for every round of the wait. The nodes
@@ -111,10 +111,11 @@ pub(crate) struct GiveBack<'a> {
     /// Per node, whether it may hold our key.
     pub(crate) may_hold: Vec<bool>,
     pub(crate) armed: bool,
-    /// A waiter's round short of a quorum: the waiter goes on waiting, so its give-back hands
-    /// the lock to no other waiter (see `Node::give_back`). Otherwise (a try, a cancelled
-    /// round) a node the waiter was handed goes on to the next waiter.
-    pub(crate) quiet: bool,
+    /// [`Handoff::Nobody`] for a waiter's round short of a quorum: the waiter goes on
+    /// waiting, so its give-back hands the lock to no other waiter. Otherwise (a try, a
+    /// cancelled round) [`Handoff::Plain`]: a node the waiter was handed goes on to the next
+    /// waiter.
+    pub(crate) handoff: Handoff,
 }
 
 impl GiveBack<'_> {
@@ -128,9 +129,7 @@ impl GiveBack<'_> {
         tokio::runtime::Handle::try_current().ok()?;
         let settled = Settled::new(self.may_hold.len());
         // One call for every node (Redlock nodes are single servers).
-        let call = Arc::new(release_call(
-            self.names, self.owner, None, self.quiet, false,
-        ));
+        let call = Arc::new(release_call(self.names, self.owner, self.handoff, false));
         let bound = self.bound;
         let all: FuturesUnordered<_> = self
             .nodes

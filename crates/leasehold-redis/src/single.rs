@@ -446,7 +446,7 @@ impl LockBackend for RedisBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::node::release_call;
+    use crate::node::{Handoff, release_call};
     use leasehold_core::{LeaseMonitor, Owner};
     use leasehold_test_support::require_service;
     use leasehold_test_support::services::{Service, unique_prefix};
@@ -549,7 +549,7 @@ mod tests {
 
         assert!(
             !node
-                .run_release(&release_call(&names, &waiter, None, true, false))
+                .run_release(&release_call(&names, &waiter, Handoff::Nobody, false))
                 .await
                 .unwrap(),
             "not the waiter's"
