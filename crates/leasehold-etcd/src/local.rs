@@ -152,11 +152,25 @@ mod tests {
         LocalSlot::new(table, Arc::from(&b"lock/k/1"[..]))
     }
 
+    /// A slot that holds the key.
+    fn holder(table: &Arc<LocalTable>) -> LocalSlot {
+        let mut s = slot(table);
+        assert!(s.try_take(), "the key is free");
+        s
+    }
+
+    /// A slot whose wait for the (held) key was cancelled: still registered as a waiter.
+    async fn cancelled_waiter(table: &Arc<LocalTable>) -> LocalSlot {
+        let mut s = slot(table);
+        let waited = tokio::time::timeout(Duration::from_millis(20), s.take()).await;
+        assert!(waited.is_err(), "the key is held: the wait times out");
+        s
+    }
+
     #[tokio::test]
     async fn a_held_key_without_waiters_makes_no_semaphore_and_is_forgotten() {
         let table = Arc::new(LocalTable::default());
-        let mut a = slot(&table);
-        assert!(a.try_take());
+        let a = holder(&table);
         assert!(a.sem.is_none(), "no semaphore for an uncontended key");
         assert!(!slot(&table).try_take(), "a second slot must not take it");
         drop(a);
@@ -170,8 +184,7 @@ mod tests {
     #[tokio::test]
     async fn waiters_take_the_key_in_order_and_the_entry_goes_with_the_last() {
         let table = Arc::new(LocalTable::default());
-        let mut holder = slot(&table);
-        assert!(holder.try_take());
+        let holder = holder(&table);
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let mut tasks = Vec::new();
         for i in 0..3 {
@@ -199,12 +212,8 @@ mod tests {
     #[tokio::test]
     async fn a_cancelled_waiter_leaves_the_key_to_its_holder_and_then_nothing_behind() {
         let table = Arc::new(LocalTable::default());
-        let mut holder = slot(&table);
-        assert!(holder.try_take());
-        let mut waiter = slot(&table);
-        let waited = tokio::time::timeout(Duration::from_millis(20), waiter.take()).await;
-        assert!(waited.is_err(), "the key is held: the wait times out");
-        drop(waiter);
+        let holder = holder(&table);
+        drop(cancelled_waiter(&table).await);
         assert!(!slot(&table).try_take(), "still held after the waiter left");
         drop(holder);
         assert_eq!(table.len(), 0);
@@ -214,15 +223,10 @@ mod tests {
     #[tokio::test]
     async fn a_waiter_cancelled_after_the_holder_left_frees_the_key() {
         let table = Arc::new(LocalTable::default());
-        let mut holder = slot(&table);
-        assert!(holder.try_take());
-        let mut waiter = slot(&table);
-        let waited = tokio::time::timeout(Duration::from_millis(20), waiter.take()).await;
-        assert!(waited.is_err());
+        let holder = holder(&table);
+        let waiter = cancelled_waiter(&table).await;
         // A second waiter keeps the entry while the first leaves.
-        let mut second = slot(&table);
-        let pending = tokio::time::timeout(Duration::from_millis(20), second.take()).await;
-        assert!(pending.is_err());
+        let second = cancelled_waiter(&table).await;
         drop(holder);
         drop(waiter);
         drop(second);

@@ -632,17 +632,15 @@ pub(crate) fn release_call(names: &Names, owner: &Owner, handoff: Handoff, clust
             .arg(names.wait_list())
             .arg(names.waiters());
     }
+    let (mode, reserved) = match handoff {
+        Handoff::Fair(grace) => ("F", grace),
+        Handoff::Nobody => ("K", HANDOFF),
+        Handoff::Plain => ("", HANDOFF),
+    };
     cmd.arg(owner.as_str())
         .arg(if cluster { "S" } else { "" })
-        .arg(match handoff {
-            Handoff::Fair(_) => "F",
-            Handoff::Nobody => "K",
-            Handoff::Plain => "",
-        })
-        .arg(ttl_ms(match handoff {
-            Handoff::Fair(grace) => grace,
-            Handoff::Plain | Handoff::Nobody => HANDOFF,
-        }));
+        .arg(mode)
+        .arg(ttl_ms(reserved));
     cmd
 }
 
