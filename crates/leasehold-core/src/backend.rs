@@ -17,6 +17,7 @@ use crate::caps::Capabilities;
 use crate::election::{Candidate, ElectionBackend};
 use crate::error::Error;
 use crate::key::LockKey;
+use crate::release::ReleaseGate;
 use crate::semaphore::{PermitBackend, PermitLimit};
 use crate::signal::LeaseMonitor;
 use crate::token::{FencingToken, Owner};
@@ -48,6 +49,14 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
     /// Releases our grant only (compare-and-delete on the owner value). `Ok(true)` if we still
     /// held it, `Ok(false)` if it was already gone (expired, taken over, released).
     async fn release(&self, held: Held<'_>) -> Result<bool, Error>;
+
+    /// The gate that bounds this backend's [`release`](LockBackend::release) calls in flight
+    /// (see [`ReleaseGate`]): a backend that sends each release to a server keeps one, so that
+    /// a burst of thousands of releases does not build all their requests at once. `None` (the
+    /// default): no bound, for in-process backends.
+    fn release_gate(&self) -> Option<&ReleaseGate> {
+        None
+    }
 
     /// Re-arms our grant for `req.ttl`, only if we still hold it. `Ok(None)` if we don't; else
     /// the new validity. [`RenewalKind::Session`](crate::RenewalKind::Session) backends only

@@ -16,7 +16,9 @@ use crate::key::LockKey;
 use crate::loss::LossReason;
 use crate::metrics;
 use crate::policy::{Renewal, check_ttl};
-use crate::release::{Horizon, RELEASE_BUDGET, release_in_background, retry_release};
+use crate::release::{
+    Horizon, RELEASE_BUDGET, gated_release, release_in_background, retry_release,
+};
 use crate::renewal::{Renewable, Renewer, Ticket};
 use crate::signal::{LostSignal, Shared};
 use crate::token::{FencingToken, Owner};
@@ -390,8 +392,10 @@ impl Lease {
             // way moves the horizon on by itself (`renewing_until`).
             let armed = Instant::now();
             let inner = &*self.inner;
-            let result =
-                retry_release(name, RELEASE_BUDGET, || inner.backend.release(inner.held())).await;
+            let result = retry_release(name, RELEASE_BUDGET, || {
+                gated_release(&*inner.backend, inner.held())
+            })
+            .await;
             match &result {
                 Ok(_) => {
                     self.let_go();
@@ -480,7 +484,7 @@ fn background_release(inner: Arc<Inner>, horizon: Horizon, handed_over: bool) ->
     let key = inner.key.clone();
     let spawned = release_in_background(name, horizon, handed_over, move || {
         let inner = Arc::clone(&inner);
-        async move { inner.backend.release(inner.held()).await }
+        async move { gated_release(&*inner.backend, inner.held()).await }
     });
     if spawned {
         tracing::debug!(key = %key, backend = name, "leasehold.release: in the background");

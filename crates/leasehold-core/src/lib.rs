@@ -73,6 +73,12 @@
 //!   counted in [`metrics::RELEASES_GIVEN_UP`]. [`settle`] waits for these releases.
 //! - Backends that release on their own use the same two functions: [`retry_release`] and
 //!   [`release_in_background`].
+//! - **A burst of releases** (thousands of leases released or dropped at once) goes to the
+//!   server at most [`RELEASES_IN_FLIGHT`] calls at a time per backend, the rest waiting their
+//!   turn in order before their request is built ([`ReleaseGate`],
+//!   [`LockBackend::release_gate`]): each request in flight costs the client a few KiB, and
+//!   a burst sent all at once would hold every one of them together. The wait counts within
+//!   the budget above, as waiting for an answer does.
 //! - **Extend and loss.** Extending re-arms the TTL only while we hold the grant; a watchdog
 //!   can do it: one renewal engine per [`Locker`] renews its leases in batches
 //!   ([`LockBackend::extend_many`]), each lease with its own outcome. When renewal fails, the deadline passes or the backend reports the loss, the
@@ -165,7 +171,9 @@ pub use memory::MemoryBackend;
 pub use memory_permits::MemoryPermits;
 pub use policy::{Backoff, Drift, LockOptions, MIN_RENEWAL_SLACK, Renewal};
 pub use redaction::{Redacted, redact};
-pub use release::{Horizon, RELEASE_BUDGET, release_in_background, retry_release};
+pub use release::{
+    Horizon, RELEASE_BUDGET, RELEASES_IN_FLIGHT, ReleaseGate, release_in_background, retry_release,
+};
 pub use renewal::{MAX_BATCH, extend_each};
 pub use semaphore::{PermitBackend, PermitLimit, Semaphore};
 pub use signal::{LeaseMonitor, LostSignal};

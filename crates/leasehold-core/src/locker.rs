@@ -16,7 +16,7 @@ use crate::lease::{Lease, LeaseInfo};
 use crate::loss::LossReason;
 use crate::metrics;
 use crate::policy::{API, LockOptions};
-use crate::release::{Horizon, release_in_background};
+use crate::release::{Horizon, gated_release, release_in_background};
 use crate::renewal::Renewer;
 use crate::signal::{LeaseMonitor, Shared};
 use crate::token::Owner;
@@ -384,7 +384,7 @@ impl Drop for Cleanup<'_> {
         let owner = self.owner.clone();
         release_in_background(backend.name(), horizon, false, move || {
             let (backend, key, owner) = (Arc::clone(&backend), key.clone(), owner.clone());
-            async move { backend.release(Held::new(&key, &owner, None, None)).await }
+            async move { gated_release(&*backend, Held::new(&key, &owner, None, None)).await }
         });
     }
 }

@@ -19,6 +19,7 @@ use crate::backend::{
 use crate::caps::Capabilities;
 use crate::error::Error;
 use crate::key::LockKey;
+use crate::release::ReleaseGate;
 
 /// A view of one primitive whose grants belong to the backend it wraps ([`grants`](View::grants)).
 ///
@@ -105,6 +106,11 @@ impl<V: View> LockBackend for V {
 
     async fn wait_lock(&self, req: LockRequest<'_>, deadline: Instant) -> Result<Waited, Error> {
         View::wait_lock(self, req, deadline).await
+    }
+
+    /// The gate of [`grants`](View::grants): the view's releases and the backend's share it.
+    fn release_gate(&self) -> Option<&ReleaseGate> {
+        self.grants().release_gate()
     }
 
     async fn release(&self, held: Held<'_>) -> Result<bool, Error> {

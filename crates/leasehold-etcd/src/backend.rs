@@ -7,8 +7,8 @@ use std::time::Duration;
 use etcd_client::{Client, ConnectOptions, GetOptions};
 use leasehold_core::{
     Capabilities, CrashRelease, DEFAULT_MAX_TTL, Error, ExtendRequest, FencingKind, Grant, Held,
-    HolderInfo, LockBackend, LockKey, LockRequest, RenewalKind, SafetyClass, Validity, WaitKind,
-    Waited, async_trait,
+    HolderInfo, LockBackend, LockKey, LockRequest, ReleaseGate, RenewalKind, SafetyClass, Validity,
+    WaitKind, Waited, async_trait,
 };
 use tokio::time::Instant;
 
@@ -208,6 +208,10 @@ impl LockBackend for EtcdBackend {
     async fn wait_lock(&self, req: LockRequest<'_>, deadline: Instant) -> Result<Waited, Error> {
         let grant = self.lock(req, Mode::Wait(deadline)).await?;
         Ok(Waited::new(grant, 1))
+    }
+
+    fn release_gate(&self) -> Option<&ReleaseGate> {
+        Some(&self.inner.releases)
     }
 
     async fn release(&self, held: Held<'_>) -> Result<bool, Error> {

@@ -9,7 +9,7 @@ use etcd_client::{
     Client, Compare, CompareOp, GetOptions, GetResponse, KeyValue, SortOrder, SortTarget, Txn,
     TxnOp, TxnOpResponse, TxnResponse,
 };
-use leasehold_core::{Backoff, Error, ErrorKind, FencingToken};
+use leasehold_core::{Backoff, Error, ErrorKind, FencingToken, ReleaseGate};
 
 use crate::NAME;
 use crate::config::EtcdConfig;
@@ -31,6 +31,7 @@ pub(crate) struct Inner {
     /// lease; etcd would count them as one owner). The key is the one the slot and the grant
     /// hold: stored once per held lock.
     pub(crate) local: Arc<LocalTable>,
+    pub(crate) releases: ReleaseGate,
 }
 
 impl Inner {
@@ -40,6 +41,7 @@ impl Inner {
             config,
             sessions: tokio::sync::Mutex::new(HashMap::new()),
             local: Arc::default(),
+            releases: ReleaseGate::default(),
         }
     }
 

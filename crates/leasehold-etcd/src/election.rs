@@ -14,7 +14,8 @@ use std::sync::Arc;
 use etcd_client::{EventType, WatchOptions};
 use leasehold_core::{
     Candidate, Capabilities, ElectionBackend, Error, ErrorKind, ExtendRequest, Grant, Held,
-    HolderInfo, Leader, LockBackend, LockKey, LockRequest, Owner, Validity, Waited, async_trait,
+    HolderInfo, Leader, LockBackend, LockKey, LockRequest, Owner, ReleaseGate, Validity, Waited,
+    async_trait,
 };
 use tokio::time::Instant;
 
@@ -128,6 +129,11 @@ impl LockBackend for EtcdElection {
     /// Without the grant's state there is nothing to do: the campaign's own task deletes what
     /// it wrote when its caller is gone (candidate values are not unique, so we never delete
     /// by value).
+    /// The lock backend's gate: its releases and these share the bound.
+    fn release_gate(&self) -> Option<&ReleaseGate> {
+        Some(&self.inner.releases)
+    }
+
     async fn release(&self, held: Held<'_>) -> Result<bool, Error> {
         match held.state::<EtcdGrant>() {
             Some(g) => g.release().await,

@@ -24,7 +24,7 @@ use std::sync::Arc;
 
 use leasehold_core::{
     Capabilities, Error, ExtendRequest, Grant, Held, HolderInfo, LockBackend, LockKey, LockRequest,
-    PermitBackend, PermitLimit, Validity, Waited, async_trait,
+    PermitBackend, PermitLimit, ReleaseGate, Validity, Waited, async_trait,
 };
 use tokio::time::Instant;
 
@@ -84,6 +84,11 @@ impl LockBackend for EtcdPermits {
     async fn wait_lock(&self, req: LockRequest<'_>, deadline: Instant) -> Result<Waited, Error> {
         let grant = self.take(req, Mode::Wait(deadline)).await?;
         Ok(Waited::new(grant, 1))
+    }
+
+    /// The lock backend's gate: its releases and these share the bound.
+    fn release_gate(&self) -> Option<&ReleaseGate> {
+        Some(&self.inner.releases)
     }
 
     async fn release(&self, held: Held<'_>) -> Result<bool, Error> {

@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use leasehold_core::{
-    Backoff, Error, ErrorKind, FencingToken, Grant, LeaseMonitor, LockKey, LockRequest, Validity,
-    Waited,
+    Backoff, Error, ErrorKind, FencingToken, Grant, LeaseMonitor, LockKey, LockRequest,
+    ReleaseGate, Validity, Waited,
 };
 use tokio::time::Instant;
 
@@ -50,6 +50,7 @@ pub(crate) struct Shared {
     next_grant: AtomicU64,
     /// Advisory-lock ids of recently used keys (see [`PostgresBackend::lock_id`]).
     ids: Mutex<foldhash::HashMap<LockKey, i64>>,
+    pub(crate) releases: ReleaseGate,
 }
 
 impl fmt::Debug for PostgresBackend {
@@ -81,6 +82,7 @@ impl PostgresBackend {
                 gates: Arc::new(Gates::default()),
                 next_grant: AtomicU64::new(0),
                 ids: Mutex::new(foldhash::HashMap::default()),
+                releases: ReleaseGate::default(),
             }),
         }
     }

@@ -6,7 +6,8 @@ use std::sync::Arc;
 use leasehold_core::{
     Candidate, Capabilities, DEFAULT_MAX_TTL, ElectionBackend, Error, ErrorKind, ExtendRequest,
     Extended, FencingKind, Grant, Held, HolderInfo, LockBackend, LockKey, LockRequest,
-    PermitBackend, PermitLimit, RenewalKind, SafetyClass, Validity, WaitKind, Waited, async_trait,
+    PermitBackend, PermitLimit, ReleaseGate, RenewalKind, SafetyClass, Validity, WaitKind, Waited,
+    async_trait,
 };
 use tokio::time::Instant;
 
@@ -53,6 +54,10 @@ impl LockBackend for PostgresBackend {
     async fn wait_lock(&self, req: LockRequest<'_>, deadline: Instant) -> Result<Waited, Error> {
         self.wait_at(AdvisoryId::Big(self.lock_id(req.key)), req, deadline)
             .await
+    }
+
+    fn release_gate(&self) -> Option<&ReleaseGate> {
+        Some(&self.shared.releases)
     }
 
     async fn release(&self, held: Held<'_>) -> Result<bool, Error> {

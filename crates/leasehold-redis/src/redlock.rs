@@ -10,7 +10,7 @@ use futures_util::stream::FuturesUnordered;
 use leasehold_core::async_trait;
 use leasehold_core::{
     Backoff, Capabilities, Error, ErrorKind, ExtendRequest, FencingKind, Grant, Held, HolderInfo,
-    LockBackend, LockKey, LockRequest, Owner, SafetyClass, Validity, WaitKind, Waited,
+    LockBackend, LockKey, LockRequest, Owner, ReleaseGate, SafetyClass, Validity, WaitKind, Waited,
 };
 use redis::Cmd;
 use redis::aio::ConnectionManagerConfig;
@@ -68,6 +68,7 @@ struct Inner {
     /// Per node, the routing of its release messages to local waiters.
     hubs: Vec<Arc<WakeHub>>,
     config: RedlockConfig,
+    releases: ReleaseGate,
 }
 
 impl std::fmt::Debug for Inner {
@@ -111,6 +112,7 @@ impl RedlockBackend {
                 nodes,
                 hubs,
                 config,
+                releases: ReleaseGate::default(),
             }),
         })
     }
@@ -445,6 +447,10 @@ impl LockBackend for RedlockBackend {
             self.leave_wait_lists(names, req.owner.clone());
         }
         Ok(Waited::new(waited.grant, waited.attempts + 1))
+    }
+
+    fn release_gate(&self) -> Option<&ReleaseGate> {
+        Some(&self.inner.releases)
     }
 
     async fn release(&self, held: Held<'_>) -> Result<bool, Error> {

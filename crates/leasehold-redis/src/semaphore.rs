@@ -43,8 +43,8 @@ use std::time::Duration;
 
 use leasehold_core::{
     Backoff, Capabilities, Error, ExtendRequest, FencingToken, Grant, Held, HolderInfo,
-    LockBackend, LockKey, LockRequest, Owner, PermitBackend, PermitLimit, Validity, Waited,
-    async_trait, semaphore::limit_mismatch,
+    LockBackend, LockKey, LockRequest, Owner, PermitBackend, PermitLimit, ReleaseGate, Validity,
+    Waited, async_trait, semaphore::limit_mismatch,
 };
 use redis::Script;
 use tokio::time::Instant;
@@ -153,6 +153,8 @@ return out
 pub struct RedisPermits {
     node: Arc<Node>,
     wake: Arc<WakeHub>,
+    /// The lock backend's: its permits' releases and its locks' share the bound.
+    releases: Arc<ReleaseGate>,
     prefix: String,
     backoff: Backoff,
     limit: PermitLimit,
@@ -171,7 +173,7 @@ impl std::fmt::Debug for RedisPermits {
 
 impl RedisPermits {
     pub(crate) fn new(
-        (node, wake): (&Arc<Node>, &Arc<WakeHub>),
+        (node, wake, releases): (&Arc<Node>, &Arc<WakeHub>, &Arc<ReleaseGate>),
         prefix: String,
         backoff: Backoff,
         limit: PermitLimit,
@@ -180,6 +182,7 @@ impl RedisPermits {
         Self {
             node: Arc::clone(node),
             wake: Arc::clone(wake),
+            releases: Arc::clone(releases),
             prefix,
             backoff,
             limit,
@@ -253,6 +256,10 @@ impl LockBackend for RedisPermits {
             async move { self.attempt(&attempt).await }
         })
         .await
+    }
+
+    fn release_gate(&self) -> Option<&ReleaseGate> {
+        Some(&self.releases)
     }
 
     async fn release(&self, held: Held<'_>) -> Result<bool, Error> {

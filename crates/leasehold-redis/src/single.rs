@@ -7,8 +7,8 @@ use std::time::Duration;
 use leasehold_core::async_trait;
 use leasehold_core::{
     Candidate, Capabilities, ElectionBackend, Error, ExtendRequest, FencingKind, Grant, Held,
-    HolderInfo, LockBackend, LockKey, LockRequest, PermitBackend, PermitLimit, SafetyClass,
-    Validity, WaitKind, Waited,
+    HolderInfo, LockBackend, LockKey, LockRequest, PermitBackend, PermitLimit, ReleaseGate,
+    SafetyClass, Validity, WaitKind, Waited,
 };
 use redis::ProtocolVersion;
 use redis::aio::ConnectionManagerConfig;
@@ -57,6 +57,7 @@ struct Inner {
     wake: Arc<WakeHub>,
     /// Local FIFO queues: one Redis contender per key per backend.
     queues: Mutex<HashMap<(bool, LockKey), Arc<KeyQueue>>>,
+    releases: Arc<ReleaseGate>,
 }
 
 #[derive(Default)]
@@ -141,6 +142,7 @@ impl RedisBackend {
                 config,
                 wake,
                 queues: Mutex::new(HashMap::new()),
+                releases: Arc::default(),
             }),
             elect: false,
         })
@@ -171,8 +173,9 @@ impl RedisBackend {
     }
 
     /// The connection and the wake-up hub, for the permit view.
-    pub(crate) fn parts(&self) -> (&Arc<Node>, &Arc<WakeHub>) {
-        (&self.inner.node, &self.inner.wake)
+    /// What a permit view shares with this backend: the node, its wake-ups, the release gate.
+    pub(crate) fn parts(&self) -> (&Arc<Node>, &Arc<WakeHub>, &Arc<ReleaseGate>) {
+        (&self.inner.node, &self.inner.wake, &self.inner.releases)
     }
 
     /// One attempt; see [`Attempt`].
@@ -388,6 +391,10 @@ impl LockBackend for RedisBackend {
             waited.grant,
             waited.attempts + u32::from(first),
         ))
+    }
+
+    fn release_gate(&self) -> Option<&ReleaseGate> {
+        Some(&self.inner.releases)
     }
 
     async fn release(&self, held: Held<'_>) -> Result<bool, Error> {

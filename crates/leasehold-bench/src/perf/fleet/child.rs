@@ -258,9 +258,11 @@ pub(super) async fn measure(spec: &Spec) -> Result<Measured, BoxError> {
     }
 
     // The burst release, then what is left at once and after the settle time.
+    let peak = probe::Peak::start()?;
     let t1 = Instant::now();
     let released = futures_util::future::join_all(leases.iter().map(Lease::release)).await;
     m.release = t1.elapsed();
+    m.release_peak_per_lease = peak.per_lease(spec.n)?;
     m.release_errors = released.iter().filter(|r| r.is_err()).count();
     drop(leases);
     m.left_at_once = s.count.leftovers().await?.unwrap_or(0);

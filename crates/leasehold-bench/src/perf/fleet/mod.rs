@@ -104,6 +104,8 @@ pub(super) struct Measured {
     pub(super) cpu_pct: f64,
     pub(super) rss_per_lease: f64,
     pub(super) release: Duration,
+    /// The burst release's peak of resident memory above its start, per lease.
+    pub(super) release_peak_per_lease: f64,
     pub(super) release_errors: usize,
     pub(super) left_at_once: u64,
     pub(super) left_later: u64,
@@ -142,6 +144,7 @@ impl Measured {
             format!("cpu_pct={}", self.cpu_pct),
             format!("rss_per_lease={}", self.rss_per_lease),
             format!("release_ns={}", self.release.as_nanos()),
+            format!("release_peak_per_lease={}", self.release_peak_per_lease),
             format!("release_errors={}", self.release_errors),
             format!("left_at_once={}", self.left_at_once),
             format!("left_later={}", self.left_later),
@@ -194,6 +197,7 @@ impl Measured {
             cpu_pct: f("cpu_pct")?,
             rss_per_lease: f("rss_per_lease")?,
             release: nanos("release_ns")?,
+            release_peak_per_lease: f("release_peak_per_lease")?,
             release_errors: usize::try_from(u("release_errors")?)?,
             left_at_once: u("left_at_once")?,
             left_later: u("left_later")?,
@@ -430,6 +434,7 @@ mod tests {
             cpu_pct: 1.5,
             rss_per_lease: 512.0,
             release: Duration::from_millis(900),
+            release_peak_per_lease: 2048.0,
             left_at_once: 3,
             lost: 1,
             ..Measured::default()

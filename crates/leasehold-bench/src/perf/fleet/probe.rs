@@ -220,13 +220,40 @@ fn thread_cpu_time() -> Result<Duration, BoxError> {
 
 /// Resident memory of this process now, in bytes (`VmRSS` of `/proc/self/status`).
 pub(super) fn rss_bytes() -> Result<u64, BoxError> {
+    status_bytes("VmRSS:")
+}
+
+/// A field of `/proc/self/status` given in kB, in bytes.
+fn status_bytes(field: &str) -> Result<u64, BoxError> {
     let status = std::fs::read_to_string("/proc/self/status")?;
     let kb = status
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix(field))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .ok_or("no VmRSS in /proc/self/status")?;
+        .ok_or_else(|| format!("no {field} in /proc/self/status"))?;
     Ok(kb * 1024)
+}
+
+/// The peak of resident memory over a stretch of work (a burst release), above the resident
+/// memory at its start: the kernel's high-water mark (`VmHWM`), reset at the start by writing
+/// `5` to `/proc/self/clear_refs`.
+pub(super) struct Peak {
+    start: u64,
+}
+
+impl Peak {
+    pub(super) fn start() -> Result<Self, BoxError> {
+        std::fs::write("/proc/self/clear_refs", "5")?;
+        Ok(Self {
+            start: rss_bytes()?,
+        })
+    }
+
+    /// The peak's growth over the start, per lease of `n`.
+    pub(super) fn per_lease(&self, n: usize) -> Result<f64, BoxError> {
+        let peak = status_bytes("VmHWM:")?;
+        Ok(peak.saturating_sub(self.start) as f64 / n.max(1) as f64)
+    }
 }
 
 /// This process's established TCP connections to any of `ports` (its socket inodes in
@@ -303,6 +330,14 @@ mod tests {
     #[test]
     fn the_process_reads_its_own_usage() {
         assert!(rss_bytes().unwrap() > 0);
+        let peak = Peak::start().unwrap();
+        let block = vec![1u8; 64 << 20];
+        std::hint::black_box(&block);
+        drop(block);
+        assert!(
+            peak.per_lease(1).unwrap() >= (32 << 20) as f64,
+            "a 64 MiB block touched and freed shows in the peak"
+        );
         let _ = cpu_time().unwrap();
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();

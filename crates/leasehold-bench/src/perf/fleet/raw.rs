@@ -259,9 +259,11 @@ pub(super) async fn measure(spec: &Spec, service: Service) -> Result<Measured, B
     m.rss_per_lease = rss1.saturating_sub(rss0) as f64 / spec.n.max(1) as f64;
     m.lost = lost?;
 
+    let peak = probe::Peak::start()?;
     let t1 = Instant::now();
     let released = nodes.script(&nodes.release, &locks, 0..spec.n).await?;
     m.release = t1.elapsed();
+    m.release_peak_per_lease = peak.per_lease(spec.n)?;
     m.release_errors = released.iter().filter(|&&y| y < nodes.quorum()).count();
     m.left_at_once = count.leftovers().await?.unwrap_or(0);
     tokio::time::sleep(spec.settle).await;

@@ -31,6 +31,7 @@ fn cells(m: &Measured) -> Vec<String> {
         format!("{:.2} %", m.cpu_pct),
         format!("{:.0} B", m.rss_per_lease),
         ms(m.release),
+        format!("{:.0} B", m.release_peak_per_lease),
         m.release_errors.to_string(),
         m.left_at_once.to_string(),
         m.left_later.to_string(),
@@ -61,6 +62,7 @@ pub(in crate::perf) fn table(rows: &[FleetRow], rt: &str) -> Option<Table> {
             "client CPU (% of a core)",
             "RSS / lease",
             "release all (one burst)",
+            "burst's RSS peak / lease",
             "release errors",
             "locks left at once",
             "locks left after settle",
@@ -90,7 +92,9 @@ pub(in crate::perf) fn table(rows: &[FleetRow], rt: &str) -> Option<Table> {
          `application_name` seen while holding. Client CPU: `getrusage` user + system over the \
          hold window, less the CPU time of the probe's own connection counts (`/proc` reads, \
          measured with the thread's `getrusage` around each); RSS / lease: resident memory growth from before the N acquisitions to \
-         the end of the hold, over N. Each (backend, N) runs in a process of its own. Locks \
+         the end of the hold, over N. Burst's RSS peak / lease: the high-water mark of resident \
+         memory during the burst release (`VmHWM`, reset before it through \
+         `/proc/self/clear_refs`) above the resident memory before it, over N. Each (backend, N) runs in a process of its own. Locks \
          left after settle: counted with the backend still connected (a TTL backend's keys \
          expire by then anyway; the figure shows what a live session still carries).",
         ms(hold)
@@ -191,7 +195,7 @@ pub(in crate::perf) fn comparison(rows: &[FleetRow], rt: &str) -> Option<Table> 
 pub(in crate::perf) fn csv(rows: &[FleetRow]) -> String {
     let mut s = String::from(
         "runtime,backend,n,round,error,acquire_ms,nodes,scripts_per_period,requests_per_period,\
-         connections,pg_sessions,cpu_pct,rss_per_lease,release_ms,release_errors,left_at_once,\
+         connections,pg_sessions,cpu_pct,rss_per_lease,release_ms,release_peak_per_lease,release_errors,left_at_once,\
          left_later,lost\n",
     );
     for r in rows {
@@ -204,13 +208,13 @@ pub(in crate::perf) fn csv(rows: &[FleetRow]) -> String {
         );
         match &r.result {
             Err(e) => {
-                let _ = writeln!(s, "{head},{}{}", csv_text(e), ",".repeat(13));
+                let _ = writeln!(s, "{head},{}{}", csv_text(e), ",".repeat(14));
             }
             Ok(m) => {
                 let o = |x: Option<f64>| x.map(|x| format!("{x:.1}")).unwrap_or_default();
                 let _ = writeln!(
                     s,
-                    "{head},,{:.3},{},{},{},{},{},{:.3},{:.0},{:.3},{},{},{},{}",
+                    "{head},,{:.3},{},{},{},{},{},{:.3},{:.0},{:.3},{:.0},{},{},{},{}",
                     m.acquire.as_secs_f64() * 1e3,
                     m.nodes,
                     o(m.scripts_per_period),
@@ -220,6 +224,7 @@ pub(in crate::perf) fn csv(rows: &[FleetRow]) -> String {
                     m.cpu_pct,
                     m.rss_per_lease,
                     m.release.as_secs_f64() * 1e3,
+                    m.release_peak_per_lease,
                     m.release_errors,
                     m.left_at_once,
                     m.left_later,
