@@ -18,6 +18,7 @@
 //! | `leasehold_release_retries_total` | counter | `backend` | release attempts sent again after a transient fault (a server that said "too many requests", "busy" or "loading", a timeout, a dropped connection), in a `release()` call or in the background |
 //! | `leasehold_releases_backgrounded_total` | counter | `backend` | releases left to the background retrier after a transient fault: a `release()` call out of its budget, or the release of a dropped lease or an abandoned acquisition whose first attempt failed |
 //! | `leasehold_releases_given_up_total` | counter | `backend`, `reason` | background releases that stopped without an answer: `reason` is `expired` (the grant's TTL has passed on the server, so it is gone anyway) or `error` (a fault that retrying cannot fix; the grant ends by its TTL or session). Never `expired` for a backend whose grants live with a session while that session lives |
+//! | `leasehold_release_waits_total` | counter | `backend` | releases that found the backend's release gate full (its [`RELEASES_IN_FLIGHT`](crate::RELEASES_IN_FLIGHT) calls in flight) and waited their turn: a burst of releases larger than the gate |
 //! | `leasehold_renewal_batch_size` | histogram | `backend` | leases renewed together in one batch of the renewal engine (one `extend_many` call) |
 //! | `leasehold_renewal_batch_seconds` | histogram | `backend` | duration of each renewal batch, from before it was sent to its last answer |
 //! | `leasehold_renewal_batch_failures_total` | counter | `backend` | renewal batches in which at least one lease got a fault (a batch that failed or timed out as a whole counts once) |
@@ -50,6 +51,8 @@ pub const RELEASE_RETRIES: &str = "leasehold_release_retries_total";
 pub const RELEASES_BACKGROUNDED: &str = "leasehold_releases_backgrounded_total";
 /// Counter: background releases that stopped without an answer, by `backend` and `reason`.
 pub const RELEASES_GIVEN_UP: &str = "leasehold_releases_given_up_total";
+/// Counter: releases that waited for a place at the backend's release gate, by `backend`.
+pub const RELEASE_WAITS: &str = "leasehold_release_waits_total";
 /// Histogram: leases per renewal batch, by `backend`.
 pub const RENEWAL_BATCH_SIZE: &str = "leasehold_renewal_batch_size";
 /// Histogram: seconds per renewal batch, by `backend`.
@@ -139,6 +142,11 @@ pub fn describe() {
         RELEASES_GIVEN_UP,
         Unit::Count,
         "Background releases that stopped without an answer, by reason"
+    );
+    describe_counter!(
+        RELEASE_WAITS,
+        Unit::Count,
+        "Releases that waited for a place at the backend's release gate"
     );
     describe_gauge!(
         POOL_SESSIONS,
@@ -242,6 +250,12 @@ pub(crate) fn release_retried(backend: &'static str) {
 #[inline(always)]
 pub(crate) fn release_backgrounded(backend: &'static str) {
     increment(RELEASES_BACKGROUNDED, backend);
+}
+
+/// A release found the backend's release gate full and waits its turn.
+#[inline(always)]
+pub(crate) fn release_waited(backend: &'static str) {
+    increment(RELEASE_WAITS, backend);
 }
 
 /// Adds one to counter `name` of `backend`.

@@ -16,7 +16,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::backend::{Held, LockBackend};
+use crate::backend::{Held, LockBackend, LockBackendExt};
 use crate::caps::{Capabilities, RenewalKind};
 use crate::detach::spawn_detached;
 use crate::error::{Error, ErrorKind};
@@ -59,20 +59,29 @@ pub const RELEASES_IN_FLIGHT: usize = 256;
 pub struct ReleaseGate(tokio::sync::Semaphore);
 
 impl ReleaseGate {
-    /// A gate of `limit` places (at least one).
+    /// A gate of `limit` places (at least one, at most [`tokio::sync::Semaphore::MAX_PERMITS`]).
     pub fn new(limit: usize) -> Self {
-        Self(tokio::sync::Semaphore::new(limit.max(1)))
+        let limit = limit.clamp(1, tokio::sync::Semaphore::MAX_PERMITS);
+        Self(tokio::sync::Semaphore::new(limit))
     }
 
-    /// Makes the call `release` builds once a place is free, holding the place until it ends.
-    pub async fn call<F, Fut, T>(&self, release: F) -> T
+    /// Makes the call `release` builds once a place is free, holding the place until it ends;
+    /// a call that has to wait counts in [`metrics::RELEASE_WAITS`] for `backend`.
+    pub async fn call<F, Fut, T>(&self, backend: &'static str, release: F) -> T
     where
         F: FnOnce() -> Fut,
         Fut: Future<Output = T>,
     {
-        // The semaphore is never closed, so `acquire` cannot fail; were it closed, the call
-        // would simply go ahead unbounded.
-        let _place = self.0.acquire().await.ok();
+        // A free place exists only while nobody waits (a place given back goes to the first
+        // waiter), so taking one at once keeps the order. The semaphore is never closed; were
+        // it closed, the call would simply go ahead unbounded.
+        let _place = match self.0.try_acquire() {
+            Ok(place) => Some(place),
+            Err(_) => {
+                metrics::release_waited(backend);
+                self.0.acquire().await.ok()
+            }
+        };
         release().await
     }
 }
@@ -90,7 +99,7 @@ pub(crate) async fn gated_release(
     held: Held<'_>,
 ) -> Result<bool, Error> {
     match backend.release_gate() {
-        Some(gate) => gate.call(|| backend.release(held)).await,
+        Some(gate) => gate.call(backend.name(), || backend.release(held)).await,
         None => backend.release(held).await,
     }
 }

@@ -9,10 +9,10 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use leasehold_core::metrics::{
-    ACQUIRE_ATTEMPTS, ACQUIRE_SECONDS, LEASES_HELD, LEASES_LOST, RENEWAL_BATCH_FAILURES,
-    RENEWAL_BATCH_SECONDS, RENEWAL_BATCH_SIZE,
+    ACQUIRE_ATTEMPTS, ACQUIRE_SECONDS, LEASES_HELD, LEASES_LOST, RELEASE_WAITS,
+    RENEWAL_BATCH_FAILURES, RENEWAL_BATCH_SECONDS, RENEWAL_BATCH_SIZE,
 };
-use leasehold_core::{LockBackend, Renewal, RenewalKind, settle};
+use leasehold_core::{LockBackend, Locker, RELEASES_IN_FLIGHT, Renewal, RenewalKind, settle};
 use metrics::LocalRecorderGuard;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 
@@ -94,7 +94,9 @@ pub const LEASES: usize = 40;
 /// for a TTL, extends one, releases all but one and drops that one, then settles, under a
 /// recorder installed here; checks what every backend must record and returns it all for
 /// the caller's own checks: one acquisition each (`leasehold_acquire_seconds`,
-/// `leasehold_acquire_attempts_total`), none lost, `leasehold_leases_held` back to 0, and on a
+/// `leasehold_acquire_attempts_total`), none lost, `leasehold_leases_held` back to 0, a burst of
+/// releases larger than the backend's release gate that waits at it
+/// (`leasehold_release_waits_total`), and on a
 /// backend that renews by extending, renewal batches that carried several leases each, every
 /// lease renewed, each batch timed, none failed. Call it on a current-thread runtime.
 pub async fn check_lease_metrics(backend: impl LockBackend, ttl: Duration) -> Recorded {
@@ -119,12 +121,18 @@ pub async fn check_lease_metrics(backend: impl LockBackend, ttl: Duration) -> Re
     }
     drop(dropped);
     assert!(settle(Duration::from_secs(10)).await, "background releases");
+    let burst = release_burst(&locker, &tag).await;
     let r = recorded(&snapshotter);
-    let n = LEASES as u64;
+    let n = (LEASES + burst) as u64;
     assert_eq!(
         r.samples(ACQUIRE_SECONDS).len(),
-        LEASES,
+        LEASES + burst,
         "one per acquisition"
+    );
+    assert!(
+        r.counter(RELEASE_WAITS) >= (burst - RELEASES_IN_FLIGHT) as u64,
+        "a burst larger than the release gate waits at the gate: {} waits for {burst} releases",
+        r.counter(RELEASE_WAITS)
     );
     assert!(r.counter(ACQUIRE_ATTEMPTS) >= n);
     assert_eq!(r.counter(LEASES_LOST), 0, "no lease was lost");
@@ -152,4 +160,30 @@ pub async fn check_lease_metrics(backend: impl LockBackend, ttl: Duration) -> Re
         );
     }
     r
+}
+
+/// Takes more leases than the backend's release gate has places, releases them all at once and
+/// checks that every release lands; returns how many it took. On a current-thread runtime every
+/// release task takes its first step before any answer is read, so all but the gate's places
+/// wait their turn (and count in `leasehold_release_waits_total`).
+async fn release_burst(locker: &Locker, tag: &str) -> usize {
+    let burst = RELEASES_IN_FLIGHT + 64;
+    let mut leases = Vec::with_capacity(burst);
+    for i in 0..burst {
+        let taken = locker.try_acquire(format!("{tag}-burst-{i}")).await;
+        let taken = taken.unwrap_or_else(|e| panic!("acquire: {e}"));
+        leases.push(taken.unwrap_or_else(|| panic!("a fresh key is held elsewhere")));
+    }
+    // Spawned together, after every acquisition: none runs before the test task yields.
+    let mut tasks = tokio::task::JoinSet::new();
+    for lease in leases {
+        tasks.spawn(async move { lease.release().await });
+    }
+    let released = tasks.join_all().await;
+    let landed = released.iter().filter(|r| matches!(r, Ok(true))).count();
+    assert_eq!(
+        landed, burst,
+        "every release of the burst lands: {released:?}"
+    );
+    burst
 }
