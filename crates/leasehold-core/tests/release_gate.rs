@@ -1,101 +1,20 @@
-//! The release gate: a backend's releases in flight stay within its [`ReleaseGate`], whether
+//! The release gate: a backend's releases in flight stay within its `ReleaseGate`, whether
 //! they come from `Lease::release`, from dropped leases or from acquisitions cut short; a
 //! release waiting for a place ends at its budget like one waiting for its answer.
 //!
 //! Alone in its own test binary: `settle` counts background releases process-wide.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+mod common;
+
 use std::time::Duration;
 
-use leasehold_core::{
-    Capabilities, Error, ExtendRequest, Grant, Held, HolderInfo, LockBackend, LockKey, LockRequest,
-    Locker, MemoryBackend, RELEASE_BUDGET, ReleaseGate, Validity, Waited, async_trait, settle,
-};
+use common::{STUCK, SlowRelease};
+use leasehold_core::{Locker, RELEASE_BUDGET, settle};
 use tokio::time::Instant;
 
 /// How long each release takes.
 const DELAY: Duration = Duration::from_millis(50);
-/// The key whose release never answers.
-const STUCK: &str = "stuck";
-
-/// The memory backend behind a gate of a few places, with slow releases counted while in
-/// flight (the release of [`STUCK`] never answers).
-#[derive(Debug, Clone)]
-struct Gated {
-    inner: MemoryBackend,
-    gate: Arc<ReleaseGate>,
-    in_flight: Arc<AtomicUsize>,
-    most: Arc<AtomicUsize>,
-}
-
-impl Gated {
-    fn new(places: usize) -> Self {
-        Self {
-            inner: MemoryBackend::default(),
-            gate: Arc::new(ReleaseGate::new(places)),
-            in_flight: Arc::default(),
-            most: Arc::default(),
-        }
-    }
-
-    fn most(&self) -> usize {
-        self.most.load(Ordering::SeqCst)
-    }
-}
-
-/// Counts a release in flight while it lives.
-struct Flying<'a>(&'a AtomicUsize);
-
-impl Drop for Flying<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
-#[async_trait]
-impl LockBackend for Gated {
-    leasehold_core::refuse_primitives!("a test backend");
-
-    fn capabilities(&self) -> Capabilities {
-        self.inner
-            .capabilities()
-            .with_name("gated")
-            .without_primitives()
-    }
-    async fn try_lock(&self, req: LockRequest<'_>) -> Result<Option<Grant>, Error> {
-        self.inner.try_lock(req).await
-    }
-    async fn wait_lock(&self, req: LockRequest<'_>, deadline: Instant) -> Result<Waited, Error> {
-        self.inner.wait_lock(req, deadline).await
-    }
-    fn release_gate(&self) -> Option<&ReleaseGate> {
-        Some(&self.gate)
-    }
-    async fn release(&self, held: Held<'_>) -> Result<bool, Error> {
-        let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
-        let _flying = Flying(&self.in_flight);
-        self.most.fetch_max(now, Ordering::SeqCst);
-        if held.key.as_str() == STUCK {
-            std::future::pending::<()>().await;
-        }
-        tokio::time::sleep(DELAY).await;
-        self.inner.release(held).await
-    }
-    async fn extend(&self, req: ExtendRequest<'_>) -> Result<Option<Validity>, Error> {
-        self.inner.extend(req).await
-    }
-    async fn extend_many(
-        &self,
-        reqs: &[leasehold_core::ExtendRequest<'_>],
-    ) -> Vec<leasehold_core::Extended> {
-        leasehold_core::extend_each(self, reqs).await
-    }
-    async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
-        self.inner.inspect(key).await
-    }
-}
 
 async fn take(locker: &Locker, n: usize) -> Vec<leasehold_core::Lease> {
     let mut leases = Vec::new();
@@ -108,7 +27,7 @@ async fn take(locker: &Locker, n: usize) -> Vec<leasehold_core::Lease> {
 
 #[tokio::test(start_paused = true)]
 async fn a_burst_of_releases_keeps_within_the_gate_and_every_one_lands() {
-    let backend = Gated::new(3);
+    let backend = SlowRelease::new(DELAY).gated(3);
     let locker = Locker::new(backend.clone());
     let leases = take(&locker, 20).await;
     let t0 = Instant::now();
@@ -131,7 +50,7 @@ async fn a_burst_of_releases_keeps_within_the_gate_and_every_one_lands() {
 
 #[tokio::test(start_paused = true)]
 async fn dropped_leases_and_cut_acquisitions_pass_the_gate_too() {
-    let backend = Gated::new(2);
+    let backend = SlowRelease::new(DELAY).gated(2);
     let locker = Locker::new(backend.clone());
     drop(take(&locker, 10).await);
     // An acquisition cut short while it waits: its clean-up releases by owner, in the
@@ -152,7 +71,7 @@ async fn dropped_leases_and_cut_acquisitions_pass_the_gate_too() {
 
 #[tokio::test(start_paused = true)]
 async fn a_release_waiting_for_a_place_ends_at_its_budget() {
-    let backend = Gated::new(1);
+    let backend = SlowRelease::new(DELAY).gated(1);
     let locker = Locker::new(backend.clone());
     let stuck = locker.try_acquire(STUCK).await.unwrap().expect("free");
     let behind = locker.try_acquire("behind").await.unwrap().expect("free");

@@ -6,58 +6,18 @@
 
 use std::time::Duration;
 
-use leasehold_core::{
-    Capabilities, Error, ExtendRequest, Grant, Held, HolderInfo, LockBackend, LockKey, LockRequest,
-    Locker, MemoryBackend, Validity, Waited, async_trait, settle,
-};
+mod common;
+
+use common::SlowRelease;
+use leasehold_core::{Locker, settle};
 use tokio::time::Instant;
 
-/// The memory backend, with releases that take `DELAY`.
-#[derive(Debug, Clone, Default)]
-struct SlowRelease {
-    inner: MemoryBackend,
-}
-
+/// How long each release takes.
 const DELAY: Duration = Duration::from_millis(300);
-
-#[async_trait]
-impl LockBackend for SlowRelease {
-    leasehold_core::refuse_primitives!("a test backend");
-
-    fn capabilities(&self) -> Capabilities {
-        self.inner
-            .capabilities()
-            .with_name("slow-release")
-            .without_primitives()
-    }
-    async fn try_lock(&self, req: LockRequest<'_>) -> Result<Option<Grant>, Error> {
-        self.inner.try_lock(req).await
-    }
-    async fn wait_lock(&self, req: LockRequest<'_>, deadline: Instant) -> Result<Waited, Error> {
-        self.inner.wait_lock(req, deadline).await
-    }
-    async fn release(&self, held: Held<'_>) -> Result<bool, Error> {
-        tokio::time::sleep(DELAY).await;
-        self.inner.release(held).await
-    }
-    async fn extend(&self, req: ExtendRequest<'_>) -> Result<Option<Validity>, Error> {
-        self.inner.extend(req).await
-    }
-    async fn extend_many(
-        &self,
-        reqs: &[leasehold_core::ExtendRequest<'_>],
-    ) -> Vec<leasehold_core::Extended> {
-        leasehold_core::extend_each(self, reqs).await
-    }
-
-    async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
-        self.inner.inspect(key).await
-    }
-}
 
 #[tokio::test]
 async fn settle_waits_for_the_release_of_a_dropped_lease() {
-    let backend = SlowRelease::default();
+    let backend = SlowRelease::new(DELAY);
     let locker = Locker::new(backend.clone());
     let other = Locker::new(backend);
     assert!(settle(Duration::ZERO).await, "nothing in flight yet");
