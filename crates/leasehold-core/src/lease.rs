@@ -20,7 +20,7 @@ use crate::release::{
     Horizon, RELEASE_BUDGET, gated_release, release_in_background, retry_release,
 };
 use crate::renewal::{Renewable, Renewer, Ticket};
-use crate::signal::{LostSignal, Shared};
+use crate::signal::{self, LostSignal, Shared};
 use crate::token::{FencingToken, Owner};
 
 /// A cloneable description of a held lease, for handing to code that must not own the guard:
@@ -55,8 +55,9 @@ struct Inner {
     /// The lease's place in the renewal engine's queue, while it renews.
     watchdog: Mutex<Option<Ticket>>,
     /// The latest instant a renewal request of the grant may still re-arm its TTL (the end, or
-    /// the bound, of the last batch or `extend` sent for it).
-    renewing_until: Mutex<Option<Instant>>,
+    /// the bound, of the last batch or `extend` sent for it), as a status-word code (0: none):
+    /// an atomic, as every renewal of a fleet's thousands of leases sets it.
+    renewing_until: AtomicU64,
 }
 
 impl Inner {
@@ -81,10 +82,7 @@ impl Inner {
     /// request sent no later than `armed`, or by a renewal still under way then: the horizon
     /// counts from the last request that could have armed the TTL.
     fn horizon(&self, armed: Instant) -> Horizon {
-        let renewing = *self
-            .renewing_until
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let renewing = signal::decode(self.renewing_until.load(Ordering::Acquire));
         let armed = renewing.map_or(armed, |r| r.max(armed));
         Horizon::of(
             &self.backend.capabilities(),
@@ -96,11 +94,8 @@ impl Inner {
 
     /// A renewal request may re-arm the grant until `until`.
     fn note_renewal(&self, until: Instant) {
-        let mut r = self
-            .renewing_until
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        *r = Some(r.map_or(until, |r| r.max(until)));
+        self.renewing_until
+            .fetch_max(signal::encode(until), Ordering::AcqRel);
     }
 
     fn stop_watchdog(&self) {
@@ -198,7 +193,7 @@ impl Lease {
                 ttl: AtomicU64::new(nanos(ttl)),
                 released: AtomicBool::new(false),
                 watchdog: Mutex::new(None),
-                renewing_until: Mutex::new(None),
+                renewing_until: AtomicU64::new(0),
             }),
         }
     }

@@ -1,7 +1,10 @@
 //! Fencing tokens and owner values.
 
 use std::fmt;
+use std::hash::{Hash, Hasher};
 use std::sync::Arc;
+
+use arrayvec::ArrayString;
 
 /// A number that strictly increases on every grant of the same lock, for backends that mint one.
 ///
@@ -46,36 +49,60 @@ pub const OWNER_BYTES: usize = 20;
 ///
 /// [`Locker`](crate::Locker) makes a new one for every acquisition from the operating system's
 /// CSPRNG ([`OWNER_BYTES`] bytes, lower-case hex), so release and extend can compare-and-act on
-/// exactly our own grant. It identifies; it does not order (see [`FencingToken`]).
-#[derive(Clone, PartialEq, Eq, Hash)]
-pub struct Owner(Arc<str>);
+/// exactly our own grant. It identifies; it does not order (see [`FencingToken`]). Owners are
+/// equal when their text is.
+#[derive(Clone)]
+pub struct Owner(Repr);
+
+/// An owner's text: a random one inline (every lease keeps one, and every renewal reads it: no
+/// allocation of its own), one read back from a backend shared.
+#[derive(Clone)]
+enum Repr {
+    Random(ArrayString<{ OWNER_BYTES * 2 }>),
+    Raw(Arc<str>),
+}
 
 impl Owner {
     /// A fresh random owner value from the OS CSPRNG.
     pub fn random() -> Result<Self, getrandom::Error> {
         let mut bytes = [0u8; OWNER_BYTES];
         getrandom::fill(&mut bytes)?;
-        // Hex on the stack, then one allocation for the shared string (not a `String` first).
-        let mut hex = [0u8; OWNER_BYTES * 2];
-        for (i, b) in bytes.into_iter().enumerate() {
-            hex[2 * i] = HEX[usize::from(b >> 4)];
-            hex[2 * i + 1] = HEX[usize::from(b & 0xf)];
+        let mut hex = ArrayString::new();
+        for b in bytes {
+            for nibble in [b >> 4, b & 0xf] {
+                hex.push(char::from(HEX[usize::from(nibble)]));
+            }
         }
-        // Always ASCII; the error arm only spares an `unwrap`.
-        let hex = std::str::from_utf8(&hex).map_err(|_| getrandom::Error::UNEXPECTED)?;
-        Ok(Self(Arc::from(hex)))
+        Ok(Self(Repr::Random(hex)))
     }
 
     /// An owner value read back from a backend (for example by [`inspect`]).
     ///
     /// [`inspect`]: crate::LockBackend::inspect
     pub fn from_raw(value: impl Into<Arc<str>>) -> Self {
-        Self(value.into())
+        Self(Repr::Raw(value.into()))
     }
 
     /// The value as stored by backends.
     pub fn as_str(&self) -> &str {
-        &self.0
+        match &self.0 {
+            Repr::Random(hex) => hex.as_str(),
+            Repr::Raw(raw) => raw,
+        }
+    }
+}
+
+impl PartialEq for Owner {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_str() == other.as_str()
+    }
+}
+
+impl Eq for Owner {}
+
+impl Hash for Owner {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.as_str().hash(state);
     }
 }
 
@@ -85,6 +112,8 @@ fmt_as_str!(Owner);
 
 #[cfg(test)]
 mod tests {
+    use std::hash::BuildHasher;
+
     use super::*;
 
     #[test]
@@ -99,6 +128,11 @@ mod tests {
             "not lower-case hex: {a}"
         );
         assert_ne!(a, b);
+        // The same text read back from a backend is the same owner, whichever way it is kept.
+        let back = Owner::from_raw(a.as_str());
+        assert_eq!(back, a);
+        let state = std::hash::RandomState::new();
+        assert_eq!(state.hash_one(&back), state.hash_one(&a));
         Ok(())
     }
 
