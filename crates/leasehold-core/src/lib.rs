@@ -78,7 +78,9 @@
 //!   turn in order before their request is built ([`ReleaseGate`],
 //!   [`LockBackend::release_gate`]): each request in flight costs the client a few KiB, and
 //!   a burst sent all at once would hold every one of them together. The wait counts within
-//!   the budget above, as waiting for an answer does.
+//!   the budget above, as waiting for an answer does. Every driver that keeps a gate takes
+//!   its size as `releases_in_flight=N` ([`RELEASES_IN_FLIGHT_OPTION`]) in its URL and as a
+//!   setting of its configuration.
 //! - **Extend and loss.** Extending re-arms the TTL only while we hold the grant; a watchdog
 //!   can do it: one renewal engine per [`Locker`] renews its leases in batches
 //!   ([`LockBackend::extend_many`]), each lease with its own outcome. When renewal fails, the deadline passes or the backend reports the loss, the
@@ -172,7 +174,8 @@ pub use memory_permits::MemoryPermits;
 pub use policy::{Backoff, Drift, LockOptions, MIN_RENEWAL_SLACK, Renewal};
 pub use redaction::{Redacted, redact};
 pub use release::{
-    Horizon, RELEASE_BUDGET, RELEASES_IN_FLIGHT, ReleaseGate, release_in_background, retry_release,
+    Horizon, RELEASE_BUDGET, RELEASES_IN_FLIGHT, RELEASES_IN_FLIGHT_OPTION, ReleaseGate,
+    release_in_background, retry_release,
 };
 pub use renewal::{MAX_BATCH, extend_each};
 pub use semaphore::{PermitBackend, PermitLimit, Semaphore};

@@ -48,6 +48,10 @@ const BACKGROUND: Backoff = Backoff {
 /// release time, and the peak of its resident memory).
 pub const RELEASES_IN_FLIGHT: usize = 256;
 
+/// The setting of a backend's [`ReleaseGate`] size, the same in every driver's URL and
+/// configuration: `releases_in_flight=N`, at least 1, default [`RELEASES_IN_FLIGHT`].
+pub const RELEASES_IN_FLIGHT_OPTION: &str = "releases_in_flight";
+
 /// Bounds the release calls of one backend in flight: the others wait their turn, first come
 /// first served, before their request is built. A backend that talks to a server keeps one and
 /// returns it from [`LockBackend::release_gate`]; [`Lease::release`](crate::Lease::release),
@@ -56,13 +60,54 @@ pub const RELEASES_IN_FLIGHT: usize = 256;
 /// does not answer holds every place until the calls' bounds, and the releases behind them end
 /// at their budget as they would have (then go on in the background).
 #[derive(Debug)]
-pub struct ReleaseGate(tokio::sync::Semaphore);
+pub struct ReleaseGate {
+    places: tokio::sync::Semaphore,
+    size: usize,
+}
 
 impl ReleaseGate {
     /// A gate of `limit` places (at least one, at most [`tokio::sync::Semaphore::MAX_PERMITS`]).
     pub fn new(limit: usize) -> Self {
-        let limit = limit.clamp(1, tokio::sync::Semaphore::MAX_PERMITS);
-        Self(tokio::sync::Semaphore::new(limit))
+        let size = limit.clamp(1, tokio::sync::Semaphore::MAX_PERMITS);
+        Self {
+            places: tokio::sync::Semaphore::new(size),
+            size,
+        }
+    }
+
+    /// Its number of places.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// Checks a size configured for `backend`'s gate ([`RELEASES_IN_FLIGHT_OPTION`]): an
+    /// `InvalidConfig` error for 0 (no release could ever be sent) or for more places than a
+    /// gate can have.
+    pub fn check_size(backend: &'static str, size: usize) -> Result<usize, Error> {
+        if (1..=tokio::sync::Semaphore::MAX_PERMITS).contains(&size) {
+            return Ok(size);
+        }
+        Err(Error::new(
+            ErrorKind::InvalidConfig,
+            backend,
+            format!(
+                "{RELEASES_IN_FLIGHT_OPTION}={size}: the release calls in flight must be \
+                 between 1 and {}",
+                tokio::sync::Semaphore::MAX_PERMITS
+            ),
+        ))
+    }
+
+    /// [`check_size`](Self::check_size) of a size given as text (a URL option).
+    pub fn parse_size(backend: &'static str, text: &str) -> Result<usize, Error> {
+        let size = text.parse().map_err(|_| {
+            Error::new(
+                ErrorKind::InvalidConfig,
+                backend,
+                format!("{RELEASES_IN_FLIGHT_OPTION}={text:?} is not a whole number"),
+            )
+        })?;
+        Self::check_size(backend, size)
     }
 
     /// Makes the call `release` builds once a place is free, holding the place until it ends;
@@ -75,11 +120,11 @@ impl ReleaseGate {
         // A free place exists only while nobody waits (a place given back goes to the first
         // waiter), so taking one at once keeps the order. The semaphore is never closed; were
         // it closed, the call would simply go ahead unbounded.
-        let _place = match self.0.try_acquire() {
+        let _place = match self.places.try_acquire() {
             Ok(place) => Some(place),
             Err(_) => {
                 metrics::release_waited(backend);
-                self.0.acquire().await.ok()
+                self.places.acquire().await.ok()
             }
         };
         release().await
@@ -327,5 +372,19 @@ mod tests {
         assert!(*last.lock().unwrap() < t0 + Duration::from_secs(30));
         tokio::time::sleep(Duration::from_secs(3600)).await;
         assert_eq!(calls.load(Ordering::Acquire), n, "stopped at the horizon");
+    }
+
+    /// A configured size is checked, and a gate has the places it was given (at least one).
+    #[test]
+    fn gate_sizes_are_checked() {
+        assert_eq!(ReleaseGate::new(5).size(), 5);
+        assert_eq!(ReleaseGate::new(0).size(), 1);
+        assert_eq!(ReleaseGate::default().size(), RELEASES_IN_FLIGHT);
+        assert_eq!(ReleaseGate::parse_size("x", "12").ok(), Some(12));
+        for bad in ["0", "-1", "many", ""] {
+            let e = ReleaseGate::parse_size("x", bad).err();
+            assert_eq!(e.as_ref().map(Error::kind), Some(ErrorKind::InvalidConfig));
+            assert!(e.is_some_and(|e| e.to_string().contains(RELEASES_IN_FLIGHT_OPTION)));
+        }
     }
 }

@@ -36,12 +36,13 @@ pub(crate) struct Inner {
 
 impl Inner {
     pub(crate) fn new(client: Client, config: EtcdConfig) -> Self {
+        let releases = ReleaseGate::new(config.releases_in_flight);
         Self {
             client,
             config,
             sessions: tokio::sync::Mutex::new(HashMap::new()),
             local: Arc::default(),
-            releases: ReleaseGate::default(),
+            releases,
         }
     }
 

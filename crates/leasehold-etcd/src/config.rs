@@ -4,7 +4,7 @@ use std::fmt;
 use std::time::Duration;
 
 use leasehold_core::redaction::MASK;
-use leasehold_core::{Error, ErrorKind};
+use leasehold_core::{Error, ErrorKind, ReleaseGate};
 
 use crate::NAME;
 
@@ -83,6 +83,11 @@ pub struct EtcdConfig {
     pub request_timeout: Duration,
     /// Time limit of connecting to an endpoint (default 3 s).
     pub connect_timeout: Duration,
+    /// Bound on the release calls in flight at once (default
+    /// [`RELEASES_IN_FLIGHT`](leasehold_core::RELEASES_IN_FLIGHT), at least 1): the others
+    /// wait their turn (see [`ReleaseGate`](leasehold_core::ReleaseGate)). Permits and
+    /// elections made from the backend share it.
+    pub releases_in_flight: usize,
     /// TLS settings; `None` for plain gRPC.
     #[cfg(feature = "tls")]
     pub tls: Option<TlsConfig>,
@@ -103,6 +108,7 @@ impl fmt::Debug for EtcdConfig {
             .field("session_ttl", &self.session_ttl)
             .field("request_timeout", &self.request_timeout)
             .field("connect_timeout", &self.connect_timeout)
+            .field("releases_in_flight", &self.releases_in_flight)
             .field("allow_plaintext_password", &self.allow_plaintext_password);
         #[cfg(feature = "tls")]
         d.field("tls", &self.tls);
@@ -126,6 +132,7 @@ impl EtcdConfig {
             session_ttl: Duration::from_secs(10),
             request_timeout: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(3),
+            releases_in_flight: leasehold_core::RELEASES_IN_FLIGHT,
             #[cfg(feature = "tls")]
             tls: None,
             allow_plaintext_password: true,
@@ -136,6 +143,7 @@ impl EtcdConfig {
     ///
     /// Options: `prefix` (the key prefix, may be empty), `lease` (`session` or `per-lock`),
     /// `session_ttl` (seconds), `timeout_ms` (request timeout), `connect_timeout_ms`,
+    /// `releases_in_flight` ([`releases_in_flight`](Self::releases_in_flight)),
     /// `allow_plaintext_password` (`false`: refuse to send the password to a non-loopback
     /// endpoint without TLS; by default that only warns). With the
     /// `tls` feature, `etcds://` turns TLS on and takes `ca` (path of a PEM CA file,
@@ -201,6 +209,9 @@ impl EtcdConfig {
                 "session_ttl" => cfg.session_ttl = Duration::from_secs(number(k, &v)?),
                 "timeout_ms" => cfg.request_timeout = Duration::from_millis(number(k, &v)?),
                 "connect_timeout_ms" => cfg.connect_timeout = Duration::from_millis(number(k, &v)?),
+                leasehold_core::RELEASES_IN_FLIGHT_OPTION => {
+                    cfg.releases_in_flight = ReleaseGate::parse_size(NAME, &v)?;
+                }
                 leasehold_core::transport::ALLOW_PLAINTEXT_PASSWORD => {
                     cfg.allow_plaintext_password =
                         leasehold_core::transport::parse_allow_plaintext(NAME, &v)?;
@@ -291,6 +302,12 @@ impl EtcdConfig {
         self
     }
 
+    /// Sets [`releases_in_flight`](Self::releases_in_flight) (at least 1).
+    pub fn with_releases_in_flight(mut self, n: usize) -> Result<Self, Error> {
+        self.releases_in_flight = ReleaseGate::check_size(NAME, n)?;
+        Ok(self)
+    }
+
     /// Turns TLS on.
     #[cfg(feature = "tls")]
     pub fn with_tls(mut self, tls: TlsConfig) -> Self {
@@ -318,6 +335,7 @@ impl EtcdConfig {
         if self.prefix.contains('\0') {
             return Err(invalid("the key prefix contains a NUL byte"));
         }
+        ReleaseGate::check_size(NAME, self.releases_in_flight)?;
         #[cfg(feature = "tls")]
         if let Some(tls) = &self.tls {
             // This crate's rustls has no built-in or system roots: without the CA, no server
@@ -420,7 +438,7 @@ mod tests {
     #[test]
     fn parses_a_full_url() {
         let cfg = EtcdConfig::from_url(
-            "etcd://root:s%40cret@127.0.0.1:2379,127.0.0.1:22379?prefix=app/&lease=per-lock&session_ttl=7&timeout_ms=900",
+            "etcd://root:s%40cret@127.0.0.1:2379,127.0.0.1:22379?prefix=app/&lease=per-lock&session_ttl=7&timeout_ms=900&releases_in_flight=11",
         )
         .unwrap();
         assert_eq!(cfg.endpoints, vec!["127.0.0.1:2379", "127.0.0.1:22379"]);
@@ -430,6 +448,7 @@ mod tests {
         assert_eq!(cfg.lease_mode, LeaseMode::PerLock);
         assert_eq!(cfg.session_ttl, Duration::from_secs(7));
         assert_eq!(cfg.request_timeout, Duration::from_millis(900));
+        assert_eq!(cfg.releases_in_flight, 11);
         let dbg = format!("{cfg:?}");
         assert!(
             !dbg.contains("s@cret") && !dbg.contains("s%40cret"),
@@ -457,7 +476,13 @@ mod tests {
         assert_eq!(cfg.prefix, DEFAULT_PREFIX);
         assert_eq!(cfg.lease_mode, LeaseMode::Session);
         assert!(cfg.password.is_none());
+        assert_eq!(cfg.releases_in_flight, leasehold_core::RELEASES_IN_FLIGHT);
+        assert_eq!(
+            cfg.with_releases_in_flight(0).err().map(|e| e.kind()),
+            Some(ErrorKind::InvalidConfig)
+        );
         for bad in [
+            "etcd://h:1?releases_in_flight=0",
             "redis://h:1",
             "etcd://",
             "etcd://h",

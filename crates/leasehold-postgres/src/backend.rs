@@ -76,13 +76,14 @@ impl Shared {
 impl PostgresBackend {
     /// A backend for `config`. Connects lazily, on the first acquisition.
     pub fn new(config: PostgresConfig) -> Self {
+        let releases = ReleaseGate::new(config.releases_in_flight);
         Self {
             shared: Arc::new(Shared {
                 pool: Arc::new(Pool::new(config)),
                 gates: Arc::new(Gates::default()),
                 next_grant: AtomicU64::new(0),
                 ids: Mutex::new(foldhash::HashMap::default()),
-                releases: ReleaseGate::default(),
+                releases,
             }),
         }
     }

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
 
-use leasehold_core::Error;
+use leasehold_core::{Error, ReleaseGate};
 use tokio_postgres::config::SslMode;
 
 use crate::NAME;
@@ -65,6 +65,7 @@ const MAX_PREFIX: usize = 256;
 /// | `health_timeout_ms` | 500 | how long one health check may take |
 /// | `max_sessions` | 10 | bound on the server connections of one backend (≥ 1); see below |
 /// | `idle_timeout_ms` | 60000 | a session holding no lock, unused for this long, is closed |
+/// | `releases_in_flight` | 256 | bound on the backend's release calls in flight at once (≥ 1; see [`ReleaseGate`](leasehold_core::ReleaseGate)) |
 /// | `sslmode` | `prefer` | see *TLS* below |
 /// | `allow_plaintext_password` | `true` | `false`: refuse to send a password without TLS to a host that is not loopback (by default that only warns); see *TLS* |
 /// | `advisory_keys` | `false` | `true`: keys `advisory:<n>` name the advisory-lock key `n` itself, bypassing the prefix (see the crate's *Key mapping*) |
@@ -135,6 +136,7 @@ pub struct PostgresConfig {
     pub(crate) health_interval: Duration,
     pub(crate) health_timeout: Duration,
     pub(crate) max_sessions: usize,
+    pub(crate) releases_in_flight: usize,
     pub(crate) idle_timeout: Duration,
     pub(crate) allow_plaintext_password: bool,
     pub(crate) advisory_keys: bool,
@@ -151,6 +153,7 @@ impl fmt::Debug for PostgresConfig {
             .field("health_interval", &self.health_interval)
             .field("health_timeout", &self.health_timeout)
             .field("max_sessions", &self.max_sessions)
+            .field("releases_in_flight", &self.releases_in_flight)
             .field("idle_timeout", &self.idle_timeout)
             .field("sslmode", &self.tls_mode.as_str())
             .field("roots", &self.roots)
@@ -272,6 +275,7 @@ impl PostgresConfig {
             health_interval: DEFAULT_HEALTH_INTERVAL,
             health_timeout: DEFAULT_HEALTH_TIMEOUT,
             max_sessions: DEFAULT_MAX_SESSIONS,
+            releases_in_flight: leasehold_core::RELEASES_IN_FLIGHT,
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
             allow_plaintext_password: true,
             advisory_keys: false,
@@ -308,6 +312,9 @@ impl PostgresConfig {
                     "max_idle_sessions was replaced by max_sessions, the bound on all of a \
                      backend's sessions (each carries any number of locks)",
                 ));
+            }
+            leasehold_core::RELEASES_IN_FLIGHT_OPTION => {
+                self.releases_in_flight = ReleaseGate::parse_size(NAME, value)?;
             }
             "idle_timeout_ms" => self.idle_timeout = millis(value)?,
             "sslmode" => self.tls_mode = TlsMode::parse(value)?,
@@ -421,6 +428,14 @@ impl PostgresConfig {
         self.max_sessions
     }
 
+    /// Bounds the backend's release calls in flight at once (default
+    /// [`RELEASES_IN_FLIGHT`](leasehold_core::RELEASES_IN_FLIGHT), at least 1): the others wait
+    /// their turn (see [`ReleaseGate`]).
+    pub fn with_releases_in_flight(mut self, n: usize) -> Result<Self, Error> {
+        self.releases_in_flight = ReleaseGate::check_size(NAME, n)?;
+        Ok(self)
+    }
+
     /// Sets how long a session that holds no lock is kept: one unused for `timeout` is closed
     /// (by a task of the backend), so the pool shrinks back after a burst.
     pub fn with_idle_timeout(mut self, timeout: Duration) -> Self {
@@ -485,13 +500,14 @@ mod tests {
     #[test]
     fn url_with_own_params() -> Result<(), Error> {
         let c = PostgresConfig::from_url(
-            "postgresql://app:s3cr%40t@db.example:6543/locks?application_name=x&prefix=svc%2F&health_interval_ms=100&health_timeout_ms=300&fence_schema=lh&fence_sequence=seq&max_sessions=3&idle_timeout_ms=1500",
+            "postgresql://app:s3cr%40t@db.example:6543/locks?application_name=x&prefix=svc%2F&health_interval_ms=100&health_timeout_ms=300&fence_schema=lh&fence_sequence=seq&max_sessions=3&idle_timeout_ms=1500&releases_in_flight=9",
         )?;
         assert_eq!(c.prefix, "svc/");
         assert_eq!(c.health_interval, Duration::from_millis(100));
         assert_eq!(c.validity_window(), Duration::from_millis(400));
         assert_eq!(c.fence_sequence_sql(), "\"lh\".\"seq\"");
         assert_eq!(c.max_sessions, 3);
+        assert_eq!(c.releases_in_flight, 9);
         assert_eq!(c.idle_timeout, Duration::from_millis(1500));
         assert_eq!(c.pg.get_user(), Some("app"));
         assert_eq!(c.pg.get_password(), Some(&b"s3cr@t"[..]));
@@ -504,6 +520,11 @@ mod tests {
         assert_eq!(c2.pg.get_keepalives_idle(), Duration::from_secs(60));
         assert_eq!(c2.pg.get_application_name(), Some(DEFAULT_APPLICATION_NAME));
         assert_eq!(c2.max_sessions, DEFAULT_MAX_SESSIONS);
+        assert_eq!(c2.releases_in_flight, leasehold_core::RELEASES_IN_FLIGHT);
+        for bad in ["releases_in_flight=0", "releases_in_flight=x"] {
+            let e = PostgresConfig::from_url(&format!("postgres://u@h/d?{bad}")).err();
+            assert_eq!(e.map(|e| e.kind()), Some(ErrorKind::InvalidConfig), "{bad}");
+        }
         let c3 = PostgresConfig::from_url("host=h keepalives_idle = 61 user=u")?;
         assert_eq!(c3.pg.get_keepalives_idle(), Duration::from_secs(61));
         let dbg = format!("{c:?}");

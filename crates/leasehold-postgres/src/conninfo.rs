@@ -15,6 +15,7 @@ pub(crate) const OWN_PARAMS: &[&str] = &[
     "health_timeout_ms",
     "max_sessions",
     "max_idle_sessions",
+    leasehold_core::RELEASES_IN_FLIGHT_OPTION,
     "idle_timeout_ms",
     "sslmode",
     "sslrootcert",

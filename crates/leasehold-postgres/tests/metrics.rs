@@ -6,7 +6,7 @@ mod common;
 use std::time::Duration;
 
 use leasehold_core::metrics::{POOL_SESSIONS, POOL_WAIT_SECONDS, POOL_WAITERS};
-use leasehold_core::{LockKey, Locker};
+use leasehold_core::{LockBackend, LockKey, Locker, ReleaseGate};
 use leasehold_postgres::PostgresBackend;
 use leasehold_test_support::metrics::{check_lease_metrics, record_here, recorded};
 use leasehold_test_support::require_service;
@@ -16,8 +16,12 @@ use tokio::time::Instant;
 #[tokio::test]
 async fn leases_are_counted_on_postgres() -> Result<(), common::BoxError> {
     let pg = require_service!(Service::Postgres, Ok(()));
-    let cfg = common::config(pg.url(), &unique_prefix("pg-metrics"))?;
-    let r = check_lease_metrics(PostgresBackend::new(cfg), Duration::from_secs(3)).await;
+    // A release gate of another size than the default: the burst waits at that one.
+    let cfg =
+        common::config(pg.url(), &unique_prefix("pg-metrics"))?.with_releases_in_flight(16)?;
+    let backend = PostgresBackend::new(cfg);
+    assert_eq!(backend.release_gate().map(ReleaseGate::size), Some(16));
+    let r = check_lease_metrics(backend, Duration::from_secs(3)).await;
     let sessions = r.gauge(POOL_SESSIONS).ok_or("no pool gauge")?;
     assert!(
         sessions >= 1.0,

@@ -63,7 +63,7 @@ fn every_option_is_a_url_option() -> Result<(), Error> {
         .map_err(|e| invalid(REDIS, e.to_string()))?;
     let url = format!(
         "rediss://127.0.0.1:1/3?prefix=app%3A&ca={}&connect_timeout_ms=7&protocol=resp3\
-         &response_timeout_ms=8&wait_initial_ms=9&wait_max_ms=900",
+         &response_timeout_ms=8&wait_initial_ms=9&wait_max_ms=900&releases_in_flight=7",
         ca.display()
     );
     let c = RedisConfig::from_url(&url)?;
@@ -73,11 +73,12 @@ fn every_option_is_a_url_option() -> Result<(), Error> {
     assert_eq!(c.response_timeout, Duration::from_millis(8));
     assert_eq!(c.wait_backoff.initial, Duration::from_millis(9));
     assert_eq!(c.wait_backoff.max, Duration::from_millis(900));
+    assert_eq!(c.releases_in_flight, 7);
     // What is not ours stays for redis-rs.
     assert_eq!(c.redacted_url(), "rediss://127.0.0.1:1/3?protocol=resp3");
     let r = RedlockConfig::from_url(&format!(
         "redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3/1?prefix=p:&ca={}&node_timeout_ms=20\
-         &connect_timeout_ms=30&min_validity_ms=40",
+         &connect_timeout_ms=30&min_validity_ms=40&releases_in_flight=5",
         ca.display()
     ))?;
     let _ = std::fs::remove_file(&ca);
@@ -86,11 +87,15 @@ fn every_option_is_a_url_option() -> Result<(), Error> {
     assert_eq!(r.node_timeout, Some(Duration::from_millis(20)));
     assert_eq!(r.connect_timeout, Duration::from_millis(30));
     assert_eq!(r.min_validity, Duration::from_millis(40));
+    assert_eq!(r.releases_in_flight, 5);
     for bad in [
         "redis://127.0.0.1:1?connect_timeout_ms=soon",
         "redis://127.0.0.1:1?prefix=a{b",
         "redis://127.0.0.1:1?ca=/nonexistent/ca.pem",
         "redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3?node_timeout_ms=-1",
+        "redis://127.0.0.1:1?releases_in_flight=0",
+        "redis://127.0.0.1:1?releases_in_flight=many",
+        "redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3?releases_in_flight=0",
     ] {
         let e = RedisConfig::from_url(bad)
             .err()
@@ -122,4 +127,27 @@ fn redlock_rejects_too_few_and_duplicate_nodes() {
             .with_prefix("a{")
             .is_err()
     );
+}
+
+/// The size set in the configuration is the size of the backend's release gate (Redlock's
+/// nodes connect on first use: no server needed), and the default is the core's.
+#[tokio::test]
+async fn the_release_gate_has_the_configured_size() -> Result<(), Error> {
+    use leasehold_core::{LockBackend, RELEASES_IN_FLIGHT};
+    let nodes = [
+        "redis://127.0.0.1:1",
+        "redis://127.0.0.1:2",
+        "redis://127.0.0.1:3",
+    ];
+    let size = |b: &crate::RedlockBackend| b.release_gate().map(|g| g.size());
+    let default = crate::RedlockBackend::new(RedlockConfig::from_urls(nodes)?)?;
+    assert_eq!(size(&default), Some(RELEASES_IN_FLIGHT));
+    let set = RedlockConfig::from_urls(nodes)?.with_releases_in_flight(3)?;
+    assert_eq!(size(&crate::RedlockBackend::new(set)?), Some(3));
+    let refused = RedisConfig::from_url("redis://127.0.0.1:1")?.with_releases_in_flight(0);
+    assert_eq!(
+        refused.err().map(|e| e.kind()),
+        Some(ErrorKind::InvalidConfig)
+    );
+    Ok(())
 }

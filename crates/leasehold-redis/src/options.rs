@@ -23,6 +23,7 @@ pub(crate) const REDIS_OPTIONS: &[&str] = &[
     FENCE_TTL_MS,
     REPLICA_SYNC,
     REPLICA_SYNC_TIMEOUT_MS,
+    RELEASES_IN_FLIGHT,
 ];
 
 /// Options that only `redis+sentinel://` and `rediss+sentinel://` URLs take, besides
@@ -37,6 +38,7 @@ pub(crate) const REDLOCK_OPTIONS: &[&str] = &[
     CONNECT_TIMEOUT_MS,
     MIN_VALIDITY_MS,
     ALLOW_PLAINTEXT_PASSWORD,
+    RELEASES_IN_FLIGHT,
 ];
 
 pub(crate) const PREFIX: &str = "prefix";
@@ -53,6 +55,7 @@ pub(crate) const ALLOW_PLAINTEXT_PASSWORD: &str =
 pub(crate) const FENCE_TTL_MS: &str = "fence_ttl_ms";
 pub(crate) const REPLICA_SYNC: &str = "replica_sync";
 pub(crate) const REPLICA_SYNC_TIMEOUT_MS: &str = "replica_sync_timeout_ms";
+pub(crate) const RELEASES_IN_FLIGHT: &str = leasehold_core::RELEASES_IN_FLIGHT_OPTION;
 pub(crate) const SENTINEL_USER: &str = "sentinel_user";
 pub(crate) const SENTINEL_PASSWORD: &str = "sentinel_password";
 

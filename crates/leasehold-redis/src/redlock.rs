@@ -107,12 +107,13 @@ impl RedlockBackend {
                 ))
             })
             .collect::<Result<Vec<_>, Error>>()?;
+        let releases = ReleaseGate::new(config.releases_in_flight);
         Ok(Self {
             inner: Arc::new(Inner {
                 nodes,
                 hubs,
                 config,
-                releases: ReleaseGate::default(),
+                releases,
             }),
         })
     }

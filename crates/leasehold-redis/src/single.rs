@@ -135,6 +135,7 @@ impl RedisBackend {
         });
         let node = Node::new(NAME, connector, name);
         node.conn().await?;
+        let releases = Arc::new(ReleaseGate::new(config.releases_in_flight));
         Ok(Self {
             inner: Arc::new(Inner {
                 node,
@@ -142,7 +143,7 @@ impl RedisBackend {
                 config,
                 wake,
                 queues: Mutex::new(HashMap::new()),
-                releases: Arc::default(),
+                releases,
             }),
             elect: false,
         })

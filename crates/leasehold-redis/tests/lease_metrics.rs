@@ -9,6 +9,7 @@ mod common;
 
 use std::time::Duration;
 
+use leasehold_core::{LockBackend, ReleaseGate};
 use leasehold_test_support::metrics::check_lease_metrics;
 use leasehold_test_support::require_service;
 use leasehold_test_support::services::Service;
@@ -18,7 +19,11 @@ const TTL: Duration = Duration::from_secs(3);
 #[tokio::test]
 async fn leases_are_counted_on_redis() {
     let ep = require_service!(Service::Redis);
-    let backend = common::redis(ep.url(), &common::prefix("lease-metrics")).await;
+    // A release gate of another size than the default, from the URL: the burst waits at it.
+    let sep = if ep.url().contains('?') { '&' } else { '?' };
+    let url = format!("{}{sep}releases_in_flight=16", ep.url());
+    let backend = common::redis(&url, &common::prefix("lease-metrics")).await;
+    assert_eq!(backend.release_gate().map(ReleaseGate::size), Some(16));
     check_lease_metrics(backend, TTL).await;
 }
 

@@ -26,12 +26,21 @@ pub fn locker(backend: EtcdBackend) -> Locker {
 
 /// A backend on `endpoints` with its own connection and session, under `prefix`.
 pub async fn backend(endpoints: &Endpoints, prefix: &str, mode: LeaseMode) -> EtcdBackend {
-    let cfg = EtcdConfig::new(endpoints.urls().iter().cloned())
+    connect(endpoints, config(endpoints, prefix, mode)).await
+}
+
+/// The configuration of [`backend`].
+pub fn config(endpoints: &Endpoints, prefix: &str, mode: LeaseMode) -> EtcdConfig {
+    EtcdConfig::new(endpoints.urls().iter().cloned())
         .with_prefix(prefix)
         .unwrap_or_else(|e| panic!("{e}"))
         .with_lease_mode(mode)
         .with_session_ttl(SESSION_TTL)
-        .with_request_timeout(Duration::from_secs(3));
+        .with_request_timeout(Duration::from_secs(3))
+}
+
+/// A backend of `cfg` on `endpoints`.
+pub async fn connect(endpoints: &Endpoints, cfg: EtcdConfig) -> EtcdBackend {
     match EtcdBackend::connect(cfg).await {
         Ok(b) => b,
         Err(e) => panic!("cannot connect to etcd at {:?}: {e}", endpoints.urls()),
