@@ -1,7 +1,8 @@
 //! Lock keys, validated once.
 
-use smol_str::SmolStr;
 use std::str::FromStr;
+
+use smol_str::SmolStr;
 
 /// The longest key accepted, in bytes (UTF-8).
 ///
