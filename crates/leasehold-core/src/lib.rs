@@ -74,8 +74,8 @@
 //! - Backends that release on their own use the same two functions: [`retry_release`] and
 //!   [`release_in_background`].
 //! - **A burst of releases** (thousands of leases released or dropped at once) goes to the
-//!   server at most [`RELEASES_IN_FLIGHT`] calls at a time per backend, the rest waiting their
-//!   turn in order before their request is built ([`ReleaseGate`],
+//!   server at most [`RELEASES_IN_FLIGHT`] calls at a time per backend by default, the rest
+//!   waiting their turn in order before their request is built ([`ReleaseGate`],
 //!   [`LockBackend::release_gate`]): each request in flight costs the client a few KiB, and
 //!   a burst sent all at once would hold every one of them together. The wait counts within
 //!   the budget above, as waiting for an answer does. Every driver that keeps a gate takes

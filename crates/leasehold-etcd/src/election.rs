@@ -126,14 +126,14 @@ impl LockBackend for EtcdElection {
         Ok(Waited::new(grant, 1))
     }
 
-    /// Without the grant's state there is nothing to do: the campaign's own task deletes what
-    /// it wrote when its caller is gone (candidate values are not unique, so we never delete
-    /// by value).
     /// The lock backend's gate: its releases and these share the bound.
     fn release_gate(&self) -> Option<&ReleaseGate> {
         Some(&self.inner.releases)
     }
 
+    /// Without the grant's state there is nothing to do: the campaign's own task deletes what
+    /// it wrote when its caller is gone (candidate values are not unique, so we never delete
+    /// by value).
     async fn release(&self, held: Held<'_>) -> Result<bool, Error> {
         match held.state::<EtcdGrant>() {
             Some(g) => g.release().await,

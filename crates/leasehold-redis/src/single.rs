@@ -173,7 +173,6 @@ impl RedisBackend {
         &self.inner.config
     }
 
-    /// The connection and the wake-up hub, for the permit view.
     /// What a permit view shares with this backend: the node, its wake-ups, the release gate.
     pub(crate) fn parts(&self) -> (&Arc<Node>, &Arc<WakeHub>, &Arc<ReleaseGate>) {
         (&self.inner.node, &self.inner.wake, &self.inner.releases)

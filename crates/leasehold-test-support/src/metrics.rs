@@ -168,9 +168,9 @@ pub async fn check_lease_metrics(backend: impl LockBackend, ttl: Duration) -> Re
 }
 
 /// Takes more leases than the backend's release gate has places (`gate`), releases them all at
-/// once and checks that every release lands; returns how many it took. On a current-thread runtime every
-/// release task takes its first step before any answer is read, so all but the gate's places
-/// wait their turn (and count in `leasehold_release_waits_total`).
+/// once and checks that every release lands; returns how many it took. On a current-thread
+/// runtime every release task takes its first step before any answer is read, so all but the
+/// gate's places wait their turn (and count in `leasehold_release_waits_total`).
 async fn release_burst(locker: &Locker, tag: &str, gate: usize) -> usize {
     let burst = gate + 64;
     let mut leases = Vec::with_capacity(burst);
