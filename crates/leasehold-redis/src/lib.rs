@@ -266,6 +266,13 @@
 //! `TRYAGAIN`, `CLUSTERDOWN`, `MASTERDOWN`) are `Unavailable` errors, which leasehold-core
 //! retries: a release within its 5 s budget, then in the background until the key's TTL has
 //! passed (it is gone by then). Other server errors are `Backend` errors, never retried.
+//!
+//! A server at its `maxmemory` that may not evict (policy `noeviction`, the default) refuses
+//! what could grow its memory: an acquisition fails with a `Backend` error carrying the
+//! server's `OOM command not allowed` (not retried: memory comes back only when keys go). Held
+//! leases keep renewing and releases go through, in the same calls as otherwise: their scripts
+//! only re-arm or delete keys (the Redis Cluster batch script is flagged `allow-oom` for this).
+//! `tests/out_of_memory.rs` checks both, on one server and on a cluster.
 
 mod config;
 mod election;

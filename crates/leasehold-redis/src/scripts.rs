@@ -251,9 +251,14 @@ return table.concat(out)
 /// `KEYS[1]` is only the first lock (it routes the call to its master) and the locks come in
 /// `ARGV`: `ARGV[1]` the ttl in ms as above, then for lock `i` its name `ARGV[2i]` and owner
 /// `ARGV[2i+1]`. Same answer as [`EXTEND_MANY`].
+///
+/// Also flagged `allow-oom`: a script that declares flags is refused whole by a server at its
+/// `maxmemory` unless it allows that, where [`EXTEND_MANY`] (no flags) runs, since `PEXPIRE`
+/// never grows memory. Without it, every batch on a full cluster was refused (`OOM command not
+/// allowed`) and fell back to one call per slot.
 pub(crate) static EXTEND_MANY_CROSS_SLOT: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
-        "#!lua flags=allow-cross-slot-keys
+        "#!lua flags=allow-cross-slot-keys,allow-oom
 {RENEW_FN}
 for i = 1, (#ARGV - 1) / 2 do
   out[i] = renew(ARGV[2 * i], ARGV[2 * i + 1])
