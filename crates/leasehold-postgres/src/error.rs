@@ -57,10 +57,12 @@ fn classify_code(code: Option<&str>) -> ErrorKind {
         // Connection exceptions; insufficient resources: too many connections (53300) and
         // `out of shared memory` (53200: the server's shared lock table is full, which fails
         // every new lock on the server until locks are released); operator intervention
-        // (shutdown, starting up); system errors.
+        // (shutdown, starting up; a statement cancelled by a `statement_timeout` or by an
+        // operator, 57014); system errors.
         _ if code.starts_with("08")
             || code.starts_with("53")
             || code.starts_with("57P")
+            || code == "57014"
             || code.starts_with("58") =>
         {
             ErrorKind::Unavailable
@@ -83,6 +85,7 @@ mod tests {
             (SqlState::OUT_OF_MEMORY, ErrorKind::Unavailable), // 53200: shared lock table full
             (SqlState::TOO_MANY_CONNECTIONS, ErrorKind::Unavailable),
             (SqlState::ADMIN_SHUTDOWN, ErrorKind::Unavailable),
+            (SqlState::QUERY_CANCELED, ErrorKind::Unavailable), // 57014: statement_timeout
             (SqlState::INVALID_PASSWORD, ErrorKind::InvalidConfig),
             (SqlState::LOCK_NOT_AVAILABLE, ErrorKind::Backend),
         ] {

@@ -35,10 +35,13 @@
 //!   connection run in order), which is why waits never share a session with held locks: an
 //!   unlock or a health check behind a blocked wait would stall. The wait runs under a
 //!   `lock_timeout` equal to the remaining budget, rounded up to whole milliseconds and never
-//!   0 (which would mean "no timeout"). The `SET`, the lock and a `RESET` go in one
-//!   simple-protocol message, which PostgreSQL runs as one implicit transaction: on timeout
-//!   the transaction aborts and the `SET` is rolled back, on success `RESET` runs, so the
-//!   timeout is never left on the session. A grant and a lock timeout are exclusive on the
+//!   0 (which would mean "no timeout"), with `statement_timeout` off (a server, database or
+//!   role default shorter than the budget would cut the wait short; PostgreSQL 13 or later).
+//!   The `SET`s, the lock and the `RESET`s go in one simple-protocol message, which
+//!   PostgreSQL runs as one implicit transaction: on timeout the transaction aborts and the
+//!   `SET`s are rolled back, on success the `RESET`s run, so neither setting is left on the
+//!   session. A statement that a `statement_timeout` or an operator cancels (SQLSTATE 57014)
+//!   is an `Unavailable` error, retried like any transient fault. A grant and a lock timeout are exclusive on the
 //!   server, so the race where the lock is granted just as the timeout fires has one answer.
 //!   After a grant, a `nextval` round trip mints the token and starts the validity, and the
 //!   session goes back to the pool, carrying the lock, for shared use. **When no session can

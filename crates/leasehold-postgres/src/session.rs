@@ -239,10 +239,15 @@ impl Session {
 
     /// Waits in `pg_advisory_lock` for at most `timeout_ms` (≥ 1) milliseconds.
     ///
-    /// The three statements go in one simple-protocol message, which PostgreSQL runs as one
-    /// implicit transaction: if the lock times out (or is cancelled) the transaction aborts
-    /// and the `SET` is rolled back with it; if it is granted, `RESET` restores the session's
-    /// default. Either way `lock_timeout` is not left on the session, and the session-level
+    /// The wait is bounded by `lock_timeout` alone: `statement_timeout` is turned off for it,
+    /// since a server, database or role default shorter than the budget (a common setting)
+    /// would otherwise cancel the wait early (PostgreSQL 13 and later time each statement of a
+    /// message on its own, so the `SET` applies to the lock that follows it).
+    ///
+    /// The statements go in one simple-protocol message, which PostgreSQL runs as one implicit
+    /// transaction: if the lock times out (or is cancelled) the transaction aborts and the
+    /// `SET`s are rolled back with it; if it is granted, the `RESET`s restore the session's
+    /// defaults. Either way neither setting is left on the session, and the session-level
     /// lock, once granted, outlives the implicit transaction.
     pub(crate) async fn wait_lock(
         &self,
@@ -251,8 +256,10 @@ impl Session {
     ) -> Result<(), tokio_postgres::Error> {
         // lock_timeout = 0 would mean "no timeout": never send it.
         let ms = timeout_ms.clamp(1, i32::MAX as u64);
-        let sql =
-            format!("SET lock_timeout = {ms}; SELECT pg_advisory_lock({id}); RESET lock_timeout");
+        let sql = format!(
+            "SET lock_timeout = {ms}; SET statement_timeout = 0; SELECT pg_advisory_lock({id}); \
+             RESET statement_timeout; RESET lock_timeout"
+        );
         self.client.simple_query(&sql).await.map(drop)
     }
 
@@ -348,21 +355,29 @@ mod tests {
         }
     }
 
+    /// Neither timeout a wait sets stays on the session: `lock_timeout` goes back to 0 and
+    /// `statement_timeout` to the session's own default (5 s here, longer than every wait).
     #[tokio::test]
     async fn lock_timeout_never_stays_on_the_session() {
         let pg = require_service!(Service::Postgres);
-        let cfg = PostgresConfig::from_url(pg.url()).unwrap();
+        let url = format!("{}?options=-c%20statement_timeout%3D5000", pg.url());
+        let cfg = PostgresConfig::from_url(&url).unwrap();
         let (ready, seq) = (OnceCell::new(), cfg.fence_sequence_sql());
         let a = Session::open(&cfg, &seq, &ready).await.unwrap();
         let b = Session::open(&cfg, &seq, &ready).await.unwrap();
         let id = AdvisoryId::Big(rand::random());
         assert!(b.try_lock(id).await.unwrap().is_some());
-        assert_eq!(a.show("lock_timeout").await.unwrap(), "0");
+        let defaults = || async {
+            let lock = a.show("lock_timeout").await.unwrap();
+            let statement = a.show("statement_timeout").await.unwrap();
+            assert_eq!((lock.as_str(), statement.as_str()), ("0", "5s"));
+        };
+        defaults().await;
 
-        // Timed out: not granted, and the SET was rolled back with the implicit transaction.
+        // Timed out: not granted, and the SETs were rolled back with the implicit transaction.
         let e = a.wait_lock(id, 100).await.unwrap_err();
         assert!(is_lock_timeout(&e), "{e}");
-        assert_eq!(a.show("lock_timeout").await.unwrap(), "0");
+        defaults().await;
         assert!(!a.unlock(id).await.unwrap(), "a timed-out wait left a lock");
 
         // A budget of 0 ms waits 1 ms: it must not mean "lock_timeout = 0 = forever".
@@ -378,7 +393,7 @@ mod tests {
         let (w, r) = tokio::join!(waiting, release);
         w.unwrap();
         assert!(r.unwrap());
-        assert_eq!(a.show("lock_timeout").await.unwrap(), "0");
+        defaults().await;
         assert!(
             b.try_lock(id).await.unwrap().is_none(),
             "the granted lock is not held"

@@ -29,9 +29,10 @@ impl PostgresBackend {
     /// (e.g. [`PostgresBackend::connect`] on a direct connection), not by this method, which
     /// runs no DDL in your transaction.
     ///
-    /// Waiting uses `SAVEPOINT` + `SET LOCAL lock_timeout` + `pg_advisory_xact_lock`; a timeout
-    /// rolls back to the savepoint, so `tx` stays usable and keeps its previous
-    /// `lock_timeout`.
+    /// Waiting uses `SAVEPOINT` + `SET LOCAL lock_timeout` (the remaining budget) +
+    /// `SET LOCAL statement_timeout = 0` (so that a shorter one of `tx` does not cut the wait
+    /// short) + `pg_advisory_xact_lock`; a timeout rolls back to the savepoint, so `tx` stays
+    /// usable, and either way `tx` keeps its previous `lock_timeout` and `statement_timeout`.
     ///
     /// # Cancellation and drop
     ///
@@ -71,33 +72,43 @@ impl PostgresBackend {
             .as_micros()
             .div_ceil(1000)
             .clamp(1, i32::MAX as u128);
-        let prev: String = tx
-            .query_typed_one("SELECT current_setting('lock_timeout')", &[])
+        let (prev_lock, prev_statement): (String, String) = tx
+            .query_typed_one(
+                "SELECT current_setting('lock_timeout'), current_setting('statement_timeout')",
+                &[],
+            )
             .await
-            .and_then(|r| r.try_get(0))
+            .and_then(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
             .map_err(|e| pg_error("current_setting", e))?;
+        // The wait is bounded by the budget alone: a `statement_timeout` of the transaction
+        // shorter than it would cut the wait short (see `Session::wait_lock`).
         let waited = tx
             .batch_execute(&format!(
                 "SAVEPOINT leasehold_xact_wait; SET LOCAL lock_timeout = {ms}; \
-                 SELECT pg_advisory_xact_lock({id})"
+                 SET LOCAL statement_timeout = 0; SELECT pg_advisory_xact_lock({id})"
             ))
             .await;
         match waited {
             Ok(()) => {
                 // Keep the lock (a released savepoint's locks belong to the transaction) and
-                // put the caller's lock_timeout back.
+                // put the caller's timeouts back.
                 tx.batch_execute("RELEASE SAVEPOINT leasehold_xact_wait")
                     .await
                     .map_err(|e| pg_error("release savepoint", e))?;
                 let row = tx
                     .query_typed_one(
                         "SELECT set_config('lock_timeout', $1, true), \
-                         nextval($2::text::regclass)",
-                        &[(&prev, Type::TEXT), (&seq, Type::TEXT)],
+                         set_config('statement_timeout', $2, true), \
+                         nextval($3::text::regclass)",
+                        &[
+                            (&prev_lock, Type::TEXT),
+                            (&prev_statement, Type::TEXT),
+                            (&seq, Type::TEXT),
+                        ],
                     )
                     .await
                     .map_err(|e| pg_error("nextval", e))?;
-                let t: i64 = row.try_get(1).map_err(|e| pg_error("decode", e))?;
+                let t: i64 = row.try_get(2).map_err(|e| pg_error("decode", e))?;
                 token_of(t).map(Some)
             }
             Err(e) if is_lock_timeout(&e) => {

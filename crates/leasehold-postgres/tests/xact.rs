@@ -33,21 +33,29 @@ async fn xact_lock_lives_and_dies_with_the_transaction() -> Result<(), common::B
             .is_none()
     );
 
-    // A timed-out wait leaves the other transaction usable, with its own lock_timeout.
+    // A timed-out wait leaves the other transaction usable, with its own timeouts.
     let tx2 = c2.transaction().await?;
-    tx2.batch_execute("SET LOCAL lock_timeout = '7s'").await?;
+    tx2.batch_execute("SET LOCAL lock_timeout = '7s'; SET LOCAL statement_timeout = '250ms'")
+        .await?;
+    let timeouts = || async {
+        let row = tx2
+            .query_one(
+                "SELECT current_setting('lock_timeout'), current_setting('statement_timeout')",
+                &[],
+            )
+            .await?;
+        Ok::<_, tokio_postgres::Error>((row.get::<_, String>(0), row.get::<_, String>(1)))
+    };
     let none = backend
         .lock_xact(&tx2, &key, Duration::from_millis(200))
         .await?;
     assert!(none.is_none());
-    let row = tx2
-        .query_one("SELECT current_setting('lock_timeout')", &[])
-        .await?;
-    assert_eq!(row.get::<_, String>(0), "7s");
+    assert_eq!(timeouts().await?, ("7s".to_owned(), "250ms".to_owned()));
 
-    // A waiter is granted when the holder's transaction ends, and restores lock_timeout.
+    // A waiter is granted when the holder's transaction ends (after the transaction's own
+    // statement_timeout: the wait is bounded by its budget alone), and restores both timeouts.
     let commit_later = async {
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        tokio::time::sleep(Duration::from_millis(600)).await;
         tx1.commit().await
     };
     let (got, committed) = tokio::join!(
@@ -57,10 +65,7 @@ async fn xact_lock_lives_and_dies_with_the_transaction() -> Result<(), common::B
     committed?;
     let t2 = got?.ok_or("waiter not granted after commit")?;
     assert!(t2 > t1, "token {t2} not above {t1}");
-    let row = tx2
-        .query_one("SELECT current_setting('lock_timeout')", &[])
-        .await?;
-    assert_eq!(row.get::<_, String>(0), "7s");
+    assert_eq!(timeouts().await?, ("7s".to_owned(), "250ms".to_owned()));
     assert!(
         Locker::new(backend.clone())
             .try_acquire(&key)
