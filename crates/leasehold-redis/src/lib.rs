@@ -263,7 +263,7 @@
 //! `leasehold_core::Lease`); an acquire dropped mid-flight is cleaned up by owner value.
 //!
 //! Connection trouble, timeouts and the server's "not now" answers (`BUSY`, `LOADING`,
-//! `TRYAGAIN`, `CLUSTERDOWN`, `MASTERDOWN`) are `Unavailable` errors, which leasehold-core
+//! `TRYAGAIN`, `CLUSTERDOWN`, `MASTERDOWN`, `NOREPLICAS`) are `Unavailable` errors, which leasehold-core
 //! retries: a release within its 5 s budget, then in the background until the key's TTL has
 //! passed (it is gone by then). Other server errors are `Backend` errors, never retried.
 //!
@@ -272,10 +272,11 @@
 //! server's `OOM command not allowed` (not retried: memory comes back only when keys go). Held
 //! leases keep renewing and releases go through, in the same calls as otherwise: their scripts
 //! only re-arm or delete keys (the Redis Cluster batch script is flagged `allow-oom` for this).
-//! `tests/out_of_memory.rs` checks both, on one server and on a cluster.
+//! `tests/write_refusals.rs` checks both, on one server and on a cluster.
 
 mod config;
 mod election;
+mod error;
 mod fence;
 mod keys;
 mod node;

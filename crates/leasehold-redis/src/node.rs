@@ -13,6 +13,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::{Client, Cmd, FromRedisValue, Pipeline, RedisError, RedisFuture, Script, Value};
 use tokio::sync::OnceCell;
 
+use crate::error::redis_error;
 use crate::fence::FenceExpiry;
 use crate::keys::Names;
 use crate::scripts::{
@@ -451,30 +452,6 @@ impl Node {
     pub(crate) fn error(&self, e: &RedisError, op: &str) -> Error {
         redis_error(self.backend, &self.name, e, op)
     }
-}
-
-/// Server error codes that say "not now" rather than "never": a script running too long
-/// (`BUSY`), a dataset still loading (`LOADING`), a cluster slot migrating or failing over
-/// (`TRYAGAIN`, `CLUSTERDOWN`, `MASTERDOWN`).
-const TRANSIENT_CODES: [&str; 5] = ["BUSY", "LOADING", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN"];
-
-/// Converts a redis-rs error at the boundary: connection trouble and the server's transient
-/// refusals ([`TRANSIENT_CODES`]) are `Unavailable` (retryable), anything else the server said
-/// is `Backend`.
-pub(crate) fn redis_error(backend: &'static str, node: &str, e: &RedisError, op: &str) -> Error {
-    let kind = if e.is_io_error()
-        || e.is_connection_dropped()
-        || e.is_connection_refusal()
-        || e.is_timeout()
-        || e.is_unrecoverable_error()
-        || e.code().is_some_and(|c| TRANSIENT_CODES.contains(&c))
-    {
-        ErrorKind::Unavailable
-    } else {
-        ErrorKind::Backend
-    };
-    // redis-rs errors name the failing command and server message, never the password.
-    Error::new(kind, backend, format!("{op} on {node}: {e}"))
 }
 
 /// One compare-and-pexpire script call over many locks, encoded once: sent as is to one

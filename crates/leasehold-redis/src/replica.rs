@@ -16,7 +16,7 @@ use redis::AsyncConnectionConfig;
 use redis::aio::MultiplexedConnection;
 
 use crate::config::REDIS;
-use crate::node::redis_error;
+use crate::error::redis_error;
 use crate::sentinel::SentinelConnector;
 
 /// How the check reaches the master.

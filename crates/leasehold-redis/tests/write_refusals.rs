@@ -1,11 +1,16 @@
-//! A Redis at its `maxmemory` (policy `noeviction`, the services' default): held leases and
-//! semaphore permits keep renewing (leases in their usual batches) and releases go through,
-//! since those scripts only re-arm or delete keys; a lock acquisition fails with the server's
-//! `OOM` message.
+//! A Redis that refuses writes for a while.
 //!
-//! A binary of its own: each test makes its servers refuse every write that could grow memory,
-//! which would fail any other test using them at the same time (test binaries run one at a
-//! time; the two tests here use different servers).
+//! - At its `maxmemory` (policy `noeviction`, the services' default): held leases and
+//!   semaphore permits keep renewing (leases in their usual batches) and releases go through,
+//!   since those scripts only re-arm or delete keys; a lock acquisition fails with the server's
+//!   `OOM` message.
+//! - Short of the replicas `min-replicas-to-write` asks for (`NOREPLICAS`, a replica lagging
+//!   or reconnecting): a release and a waiting acquisition are retried until the replicas are
+//!   back, as for any transient fault.
+//!
+//! A binary of its own: each test makes its servers refuse writes, which would fail any other
+//! test using them at the same time (test binaries run one at a time; the tests here take
+//! turns on the single server).
 
 // Helpers outside #[test] fns fail the test by panicking, like the tests themselves.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -15,24 +20,30 @@ mod common;
 use std::time::Duration;
 
 use futures_util::future::join_all;
-use leasehold_core::{ErrorKind, Lease, Locker, PermitLimit, Renewal, Semaphore};
+use leasehold_core::{ErrorKind, Lease, Locker, PermitLimit, RELEASE_BUDGET, Renewal, Semaphore};
 use leasehold_redis::RedisBackend;
 use leasehold_test_support::harness;
 use leasehold_test_support::require_service;
 use leasehold_test_support::services::Service;
+use tokio::sync::Mutex;
+use tokio::time::Instant;
 
 const TTL: Duration = Duration::from_millis(1_500);
 const LEASES: usize = 300;
 const PERMITS: u32 = 3;
 
-/// The servers `urls` at a `maxmemory` of 1 byte (so at it at once) while this lives; each
-/// gets its own setting back when it is dropped, even if the test panicked.
-struct Full {
+/// Taken by the tests that change the single server's settings.
+static SINGLE: Mutex<()> = Mutex::const_new(());
+
+/// A setting of the servers `urls` changed while this lives; each gets its own value back when
+/// it is dropped, even if the test panicked.
+struct Setting {
+    name: &'static str,
     servers: Vec<(redis::Connection, String)>,
 }
 
-impl Full {
-    fn set(urls: &[String]) -> Self {
+impl Setting {
+    fn set(urls: &[String], name: &'static str, value: &str) -> Self {
         let servers = urls
             .iter()
             .map(|url| {
@@ -41,32 +52,32 @@ impl Full {
                     .unwrap_or_else(|e| panic!("{url}: {e}"));
                 let (_, was): (String, String) = redis::cmd("CONFIG")
                     .arg("GET")
-                    .arg("maxmemory")
+                    .arg(name)
                     .query(&mut conn)
                     .unwrap();
                 redis::cmd("CONFIG")
                     .arg("SET")
-                    .arg("maxmemory")
-                    .arg(1)
+                    .arg(name)
+                    .arg(value)
                     .query::<()>(&mut conn)
                     .unwrap();
                 (conn, was)
             })
             .collect();
-        Self { servers }
+        Self { name, servers }
     }
 }
 
-impl Drop for Full {
+impl Drop for Setting {
     fn drop(&mut self) {
         for (conn, was) in &mut self.servers {
             let back = redis::cmd("CONFIG")
                 .arg("SET")
-                .arg("maxmemory")
+                .arg(self.name)
                 .arg(&*was)
                 .query::<()>(conn);
             if let Err(e) = back {
-                eprintln!("could not set maxmemory back to {was}: {e}");
+                eprintln!("could not set {} back to {was}: {e}", self.name);
             }
         }
     }
@@ -97,7 +108,8 @@ async fn renews_and_releases_when_full(backend: RedisBackend, urls: &[String]) {
         .chain(permits)
         .map(|r| r.unwrap().expect("a fresh key is free"))
         .collect();
-    let full = Full::set(urls);
+    // 1 byte: over it at once.
+    let full = Setting::set(urls, "maxmemory", "1");
     let before = counts(urls).await;
     tokio::time::sleep(TTL).await;
     let after = counts(urls).await;
@@ -130,6 +142,7 @@ async fn renews_and_releases_when_full(backend: RedisBackend, urls: &[String]) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_server_keeps_renewing_and_releasing() {
     let ep = require_service!(Service::Redis);
+    let _turn = SINGLE.lock().await;
     let prefix = common::prefix("oom-single");
     let backend = common::redis(ep.url(), &prefix).await;
     renews_and_releases_when_full(backend, &[ep.url().to_owned()]).await;
@@ -144,4 +157,36 @@ async fn a_full_cluster_keeps_renewing_and_releasing() {
     let prefix = common::prefix("oom-cluster");
     let backend = common::redis_cluster(ep.urls(), &prefix).await;
     renews_and_releases_when_full(backend, ep.urls()).await;
+}
+
+/// A server short of the replicas it requires (`min-replicas-to-write`; the services' server
+/// has none) refuses every write with `NOREPLICAS` for 1 s: a release sent meanwhile is
+/// retried and answers `true` once writes are accepted again, well within its budget, and a
+/// waiting acquisition is granted then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_short_of_replicas_is_waited_out() {
+    let ep = require_service!(Service::Redis);
+    let _turn = SINGLE.lock().await;
+    let prefix = common::prefix("noreplicas");
+    let backend = common::redis(ep.url(), &prefix).await;
+    let l = harness::locker(backend, Duration::from_secs(30), Renewal::Off);
+    let held = l.try_acquire("a").await.unwrap().expect("free");
+
+    let short = Setting::set(&[ep.url().to_owned()], "min-replicas-to-write", "1");
+    let refusing = Duration::from_secs(1);
+    let t0 = Instant::now();
+    let back = async {
+        tokio::time::sleep(refusing).await;
+        drop(short);
+    };
+    let release = async {
+        let released = held.release().await;
+        (released, t0.elapsed())
+    };
+    let ((released, took), taken, ()) =
+        tokio::join!(release, l.acquire("b", Duration::from_secs(10)), back);
+    assert!(released.unwrap(), "the release was not retried to the end");
+    assert!(took < RELEASE_BUDGET, "released after {took:?}");
+    let taken = taken.expect("the waiting acquisition was not retried to the end");
+    assert!(taken.release().await.unwrap());
 }
