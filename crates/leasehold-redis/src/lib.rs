@@ -14,6 +14,15 @@
 //! Requires Redis ≥ 6 (RESP3: release wake-ups are pushed on the shared connection); a Redis
 //! Cluster needs Redis ≥ 7 (sharded pub/sub keeps a lock's wake-up channel on its slot).
 //!
+//! **Eviction.** A server with a `maxmemory` and any `maxmemory-policy` but `noeviction`
+//! deletes keys under memory pressure, lock keys included (they all carry a TTL, so the
+//! `volatile-*` policies take them too): another client can then take a lock that is still
+//! held, and its holder hears of it only at its next renewal. Managed services often default
+//! to such a policy. No client can prevent it: each server (each node of a cluster, each
+//! Redlock node) is asked once after its first connect (`INFO memory`), and one that may evict
+//! is named in a warning (target `leasehold.redis.eviction`). Give the servers that hold locks
+//! `noeviction`.
+//!
 //! # Connecting
 //!
 //! - `redis://[user:password@]host[:port][/db]`, `redis+unix:///path/to/socket`: one server.
@@ -272,11 +281,12 @@
 //! server's `OOM command not allowed` (not retried: memory comes back only when keys go). Held
 //! leases keep renewing and releases go through, in the same calls as otherwise: their scripts
 //! only re-arm or delete keys (the Redis Cluster batch script is flagged `allow-oom` for this).
-//! `tests/write_refusals.rs` checks both, on one server and on a cluster.
+//! `tests/server_settings.rs` checks both, on one server and on a cluster.
 
 mod config;
 mod election;
 mod error;
+mod eviction;
 mod fence;
 mod keys;
 mod node;

@@ -14,6 +14,7 @@ use redis::{Client, Cmd, FromRedisValue, Pipeline, RedisError, RedisFuture, Scri
 use tokio::sync::OnceCell;
 
 use crate::error::redis_error;
+use crate::eviction;
 use crate::fence::FenceExpiry;
 use crate::keys::Names;
 use crate::scripts::{
@@ -161,7 +162,7 @@ impl Node {
     async fn connect(&self) -> Result<Conn, Error> {
         self.conn
             .get_or_try_init(|| async {
-                match &self.connector {
+                let conn = match &self.connector {
                     Connector::Single(client, config) => {
                         ConnectionManager::new_with_config(client.clone(), config.clone())
                             .await
@@ -171,7 +172,10 @@ impl Node {
                         client.get_async_connection().await.map(Conn::Cluster)
                     }
                     Connector::Sentinel(s) => s.connect().await.map(Conn::Sentinel),
-                }
+                }?;
+                // Once per node, beside the first requests rather than before them.
+                tokio::spawn(eviction::check(conn.clone(), self.name.clone()));
+                Ok(conn)
             })
             .await
             .cloned()

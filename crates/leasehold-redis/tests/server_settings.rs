@@ -1,16 +1,17 @@
-//! A Redis that refuses writes for a while.
+//! Server settings that bear on locks, each set for one test and put back after it.
 //!
-//! - At its `maxmemory` (policy `noeviction`, the services' default): held leases and
-//!   semaphore permits keep renewing (leases in their usual batches) and releases go through,
-//!   since those scripts only re-arm or delete keys; a lock acquisition fails with the server's
-//!   `OOM` message.
+//! - At its `maxmemory` (policy `noeviction`, the services' default), a Redis refuses what may
+//!   grow memory: held leases and semaphore permits keep renewing (leases in their usual
+//!   batches) and releases go through, since those scripts only re-arm or delete keys; a lock
+//!   acquisition fails with the server's `OOM` message.
 //! - Short of the replicas `min-replicas-to-write` asks for (`NOREPLICAS`, a replica lagging
-//!   or reconnecting): a release and a waiting acquisition are retried until the replicas are
+//!   or reconnecting), a release and a waiting acquisition are retried until the replicas are
 //!   back, as for any transient fault.
+//! - With a `maxmemory` and a policy that evicts, lock keys may be deleted under memory
+//!   pressure: the backend names such a server in a warning once it has connected.
 //!
-//! A binary of its own: each test makes its servers refuse writes, which would fail any other
-//! test using them at the same time (test binaries run one at a time; the tests here take
-//! turns on the single server).
+//! A binary of its own: the settings would fail or disturb any other test using the servers at
+//! the same time (test binaries run one at a time; the tests here take turns per server).
 
 // Helpers outside #[test] fns fail the test by panicking, like the tests themselves.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -23,6 +24,7 @@ use futures_util::future::join_all;
 use leasehold_core::{ErrorKind, Lease, Locker, PermitLimit, RELEASE_BUDGET, Renewal, Semaphore};
 use leasehold_redis::RedisBackend;
 use leasehold_test_support::harness;
+use leasehold_test_support::logs::{self, Captured};
 use leasehold_test_support::require_service;
 use leasehold_test_support::services::Service;
 use tokio::sync::Mutex;
@@ -32,8 +34,9 @@ const TTL: Duration = Duration::from_millis(1_500);
 const LEASES: usize = 300;
 const PERMITS: u32 = 3;
 
-/// Taken by the tests that change the single server's settings.
+/// Taken by the tests that change the single server's settings, and the cluster's.
 static SINGLE: Mutex<()> = Mutex::const_new(());
+static CLUSTER: Mutex<()> = Mutex::const_new(());
 
 /// A setting of the servers `urls` changed while this lives; each gets its own value back when
 /// it is dropped, even if the test panicked.
@@ -154,6 +157,7 @@ async fn a_full_server_keeps_renewing_and_releasing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_cluster_keeps_renewing_and_releasing() {
     let ep = require_service!(Service::RedisCluster);
+    let _turn = CLUSTER.lock().await;
     let prefix = common::prefix("oom-cluster");
     let backend = common::redis_cluster(ep.urls(), &prefix).await;
     renews_and_releases_when_full(backend, ep.urls()).await;
@@ -189,4 +193,75 @@ async fn a_server_short_of_replicas_is_waited_out() {
     assert!(took < RELEASE_BUDGET, "released after {took:?}");
     let taken = taken.expect("the waiting acquisition was not retried to the end");
     assert!(taken.release().await.unwrap());
+}
+
+/// The warning about eviction, once a backend over `urls` has connected (one lock taken and
+/// given back) and the check had time to answer; `None` if there was none.
+async fn eviction_warning(backend: RedisBackend, logs: &Captured) -> Option<String> {
+    let l = harness::locker(backend, Duration::from_secs(10), Renewal::Off);
+    let lease = l.try_acquire("k").await.unwrap().expect("free");
+    assert!(lease.release().await.unwrap());
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(1) {
+        if let Some(line) = logs.text().lines().find(|l| l.contains("may evict")) {
+            return Some(line.to_owned());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    None
+}
+
+/// A server with a limit and an evicting policy is named in a warning; with `noeviction`, or
+/// with no limit, it is not.
+#[tokio::test]
+async fn a_server_that_may_evict_lock_keys_is_named_in_a_warning() {
+    let ep = require_service!(Service::Redis);
+    let _turn = SINGLE.lock().await;
+    let urls = [ep.url().to_owned()];
+    let logs = logs::capture();
+    let prefix = common::prefix("evict");
+    let backend = || common::redis(ep.url(), &prefix);
+    let policy = Setting::set(&urls, "maxmemory-policy", "volatile-lru");
+    assert_eq!(
+        eviction_warning(backend().await, &logs).await,
+        None,
+        "no limit"
+    );
+    let limit = Setting::set(&urls, "maxmemory", "1gb");
+    let line = eviction_warning(backend().await, &logs)
+        .await
+        .expect("no warning for an evicting server");
+    assert!(line.contains("maxmemory-policy volatile-lru"), "{line}");
+    drop(policy);
+    let quiet = Setting::set(&urls, "maxmemory-policy", "noeviction");
+    let logs = logs::capture();
+    assert_eq!(eviction_warning(backend().await, &logs).await, None);
+    drop((quiet, limit));
+}
+
+/// On a cluster each master answers for itself: the one that may evict is named.
+#[tokio::test]
+async fn a_cluster_master_that_may_evict_is_named() {
+    let ep = require_service!(Service::RedisCluster);
+    let _turn = CLUSTER.lock().await;
+    let evicting = &ep.urls()[..1];
+    let logs = logs::capture();
+    let _limit = Setting::set(evicting, "maxmemory", "1gb");
+    let _policy = Setting::set(evicting, "maxmemory-policy", "allkeys-lru");
+    let backend = common::redis_cluster(ep.urls(), &common::prefix("evict")).await;
+    let line = eviction_warning(backend, &logs)
+        .await
+        .expect("no warning for an evicting master");
+    // Named by the address its answer came from, not by the cluster's seed list.
+    let port = evicting[0].rsplit(':').next().unwrap();
+    assert!(
+        line.contains(&format!("node=\"127.0.0.1:{port}\"")),
+        "{line}"
+    );
+    assert_eq!(
+        logs.text().matches("may evict").count(),
+        1,
+        "{}",
+        logs.text()
+    );
 }
