@@ -39,10 +39,20 @@ static SINGLE: Mutex<()> = Mutex::const_new(());
 static CLUSTER: Mutex<()> = Mutex::const_new(());
 
 /// A setting of the servers `urls` changed while this lives; each gets its own value back when
-/// it is dropped, even if the test panicked.
+/// it is dropped, even if the test panicked (through a new connection: the setting may be one
+/// that closes idle ones).
 struct Setting {
     name: &'static str,
-    servers: Vec<(redis::Connection, String)>,
+    servers: Vec<(String, String)>,
+}
+
+fn config_set(url: &str, name: &str, value: &str) -> redis::RedisResult<()> {
+    let mut conn = redis::Client::open(url)?.get_connection()?;
+    redis::cmd("CONFIG")
+        .arg("SET")
+        .arg(name)
+        .arg(value)
+        .query(&mut conn)
 }
 
 impl Setting {
@@ -58,13 +68,8 @@ impl Setting {
                     .arg(name)
                     .query(&mut conn)
                     .unwrap();
-                redis::cmd("CONFIG")
-                    .arg("SET")
-                    .arg(name)
-                    .arg(value)
-                    .query::<()>(&mut conn)
-                    .unwrap();
-                (conn, was)
+                config_set(url, name, value).unwrap_or_else(|e| panic!("{url}: {e}"));
+                (url.clone(), was)
             })
             .collect();
         Self { name, servers }
@@ -73,14 +78,9 @@ impl Setting {
 
 impl Drop for Setting {
     fn drop(&mut self) {
-        for (conn, was) in &mut self.servers {
-            let back = redis::cmd("CONFIG")
-                .arg("SET")
-                .arg(self.name)
-                .arg(&*was)
-                .query::<()>(conn);
-            if let Err(e) = back {
-                eprintln!("could not set {} back to {was}: {e}", self.name);
+        for (url, was) in &self.servers {
+            if let Err(e) = config_set(url, self.name, was) {
+                eprintln!("could not set {} back to {was} on {url}: {e}", self.name);
             }
         }
     }
@@ -264,4 +264,26 @@ async fn a_cluster_master_that_may_evict_is_named() {
         "{}",
         logs.text()
     );
+}
+
+/// A server that closes idle connections (`timeout`, often set to a few minutes): the first
+/// requests after an idle spell still succeed. (`CLIENT LIST` shows the backend's connection
+/// closed and made again during the test.)
+#[tokio::test]
+async fn requests_after_the_servers_idle_timeout_succeed() {
+    let ep = require_service!(Service::Redis);
+    let _turn = SINGLE.lock().await;
+    let _idle = Setting::set(&[ep.url().to_owned()], "timeout", "1");
+    let backend = common::redis(ep.url(), &common::prefix("idle")).await;
+    let l = harness::locker(backend, Duration::from_secs(10), Renewal::Off);
+    for round in 0..2 {
+        let lease = l
+            .try_acquire("k")
+            .await
+            .unwrap_or_else(|e| panic!("round {round}: {e}"));
+        let lease = lease.expect("free");
+        assert!(lease.release().await.unwrap());
+        // Idle past the server's timeout (checked about once a second).
+        tokio::time::sleep(Duration::from_millis(2_500)).await;
+    }
 }
