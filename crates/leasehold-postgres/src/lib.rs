@@ -117,8 +117,11 @@
 //! # What it does not guarantee
 //!
 //! - A lease can be lost while its holder runs: the server can end the session (restart,
-//!   `pg_terminate_backend`, `idle_session_timeout`, a network failure) and grant the lock to
-//!   someone else *before* the holder's next health check notices. The lost signal fires within
+//!   `pg_terminate_backend`, an `idle_session_timeout` shorter than `health_interval_ms`,
+//!   whose checks otherwise keep a session carrying locks from being idle; a network failure)
+//!   and grant the lock to someone else *before* the holder's next health check notices.
+//!   Sessions that carry no lock may be ended while idle: the pool never hands out an ended
+//!   one (`tests/server_timeouts.rs`). The lost signal fires within
 //!   the validity window at worst (at once when the connection visibly ends), but a holder that
 //!   writes in between is only stopped by a **fencing token checked by the resource**.
 //! - Advisory locks are only advisory: code that doesn't ask for the lock is not stopped.

@@ -30,7 +30,8 @@ async fn a_wait_outlasts_the_sessions_statement_timeout() -> Result<(), common::
     let pg = require_service!(Service::Postgres, Ok(()));
     let app = leasehold_test_support::services::unique_prefix("pg-statement-timeout");
     let (holder, waiter) = (locker(pg.url(), &app)?, locker(pg.url(), &app)?);
-    let held = holder.acquire("k", Duration::from_secs(5)).await?;
+    let k = format!("{app}/k");
+    let held = holder.acquire(&k, Duration::from_secs(5)).await?;
 
     // Released after 4 statement timeouts: the waiter is granted then, in the server's queue.
     let hold = Duration::from_millis(4 * STATEMENT_TIMEOUT_MS);
@@ -39,7 +40,7 @@ async fn a_wait_outlasts_the_sessions_statement_timeout() -> Result<(), common::
         held.release().await
     };
     let t0 = Instant::now();
-    let (got, released) = tokio::join!(waiter.acquire("k", Duration::from_secs(10)), release);
+    let (got, released) = tokio::join!(waiter.acquire(&k, Duration::from_secs(10)), release);
     assert!(released?, "the holder still held the lock");
     let got = got?;
     assert!(
@@ -51,7 +52,7 @@ async fn a_wait_outlasts_the_sessions_statement_timeout() -> Result<(), common::
     // A budget that runs out times out at its end, not at the statement timeout.
     let t0 = Instant::now();
     let err = holder
-        .acquire("k", Duration::from_millis(3 * STATEMENT_TIMEOUT_MS))
+        .acquire(&k, Duration::from_millis(3 * STATEMENT_TIMEOUT_MS))
         .await
         .expect_err("the lock is held");
     assert_eq!(err.kind(), ErrorKind::Timeout, "{err}");
@@ -63,3 +64,47 @@ async fn a_wait_outlasts_the_sessions_statement_timeout() -> Result<(), common::
     assert!(got.release().await?);
     Ok(())
 }
+
+/// A server that ends idle sessions (`idle_session_timeout`, PostgreSQL 14+): a session left
+/// in the pool without a lock is ended while unused (the server shows none of ours left), and
+/// the next acquisitions are not handed the dead one. A session that carries a lock is never
+/// idle that long (a health check every 250 ms): a lease held over the same spells is kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_ended_while_idle_are_not_reused() -> Result<(), common::BoxError> {
+    let pg = require_service!(Service::Postgres, Ok(()));
+    let app = leasehold_test_support::services::unique_prefix("pg-idle-session");
+    let admin = common::admin(pg.url()).await?;
+    let url = format!(
+        "{}{}options=-c%20idle_session_timeout%3D{IDLE_MS}",
+        pg.url(),
+        if pg.url().contains('?') { '&' } else { '?' }
+    );
+    let locker = Locker::new(leasehold_postgres::PostgresBackend::new(common::config(
+        &url, &app,
+    )?));
+    // Keys of this test alone (advisory locks are shared by the whole database).
+    let (k, kept) = (format!("{app}/k"), format!("{app}/kept"));
+    let idle = Duration::from_millis(4 * IDLE_MS);
+    for round in 0..3 {
+        let lease = locker
+            .try_acquire(&k)
+            .await
+            .map_err(|e| format!("round {round}: {e}"))?
+            .ok_or_else(|| format!("round {round}: held"))?;
+        assert!(lease.release().await?);
+        tokio::time::sleep(idle).await;
+        let left = common::sessions_of(&admin, &app).await?;
+        assert_eq!(left, 0, "round {round}: the idle session was not ended");
+    }
+    let kept = locker.try_acquire(&kept).await?.ok_or("kept: held")?;
+    tokio::time::sleep(2 * idle).await;
+    assert!(
+        !kept.is_lost(),
+        "a session carrying a lock was ended for idleness"
+    );
+    assert!(kept.release().await?);
+    Ok(())
+}
+
+/// The sessions' `idle_session_timeout` in [`sessions_ended_while_idle_are_not_reused`].
+const IDLE_MS: u64 = 300;

@@ -4,7 +4,9 @@
 
 use leasehold_postgres::{PostgresBackend, PostgresConfig};
 pub use leasehold_test_support::BoxError;
-pub use leasehold_test_support::postgres::{admin, connect as client, holders, terminate_holders};
+pub use leasehold_test_support::postgres::{
+    admin, connect as client, holders, sessions_of, terminate_holders,
+};
 use tokio_postgres::Client;
 
 /// A config for `url` whose sessions carry `app` as application_name, so a test can count
