@@ -95,18 +95,10 @@ impl<B: Advisory> PgElection<B> {
         AdvisoryId::election(&self.backend.name(key))
     }
 
-    /// Creates the table once (a concurrent creator may race us: then it exists).
+    /// Creates the table once if it is missing (see `ddl::ensure`).
     async fn table(&self, client: &Client) -> Result<(), Error> {
         self.table
-            .get_or_try_init(|| async {
-                match client.batch_execute(CREATE).await {
-                    Ok(()) => Ok(()),
-                    Err(_) => client
-                        .batch_execute(CREATE)
-                        .await
-                        .map_err(|e| pg_error("create leasehold_leaders", e)),
-                }
-            })
+            .get_or_try_init(|| crate::ddl::ensure(client, "leasehold_leaders", CREATE))
             .await
             .map(drop)
     }

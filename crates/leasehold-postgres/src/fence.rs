@@ -79,12 +79,10 @@ impl PostgresFenceStore {
     /// Uses an existing client, creating `table` if it does not exist.
     pub async fn new(client: Client, table: &str) -> Result<Self, Error> {
         check_table(table)?;
-        client
-            .batch_execute(&format!(
-                "CREATE TABLE IF NOT EXISTS {table} (resource text PRIMARY KEY, token bigint NOT NULL)"
-            ))
-            .await
-            .map_err(|e| pg_error("creating the fence table", e))?;
+        let create = format!(
+            "CREATE TABLE IF NOT EXISTS {table} (resource text PRIMARY KEY, token bigint NOT NULL)"
+        );
+        crate::ddl::ensure(&client, table, &create).await?;
         Ok(Self {
             client,
             admit_sql: format!(

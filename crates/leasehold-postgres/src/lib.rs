@@ -28,6 +28,13 @@
 //!   The fencing token comes from a sequence (created with `CREATE SEQUENCE IF NOT EXISTS` on
 //!   first use; schema and name are configurable): it strictly increases across every grant
 //!   of every key, and survives server restarts (sequences never go back, even after a crash).
+//! - **An application role that may not create.** Since PostgreSQL 15 only a schema's owner
+//!   may create in `public` by default. What the driver stores (the fencing sequence, the
+//!   tables `leasehold_semaphores` and `leasehold_leaders`, a fence store's table) is looked up
+//!   before it is created, so such a role works once an administrator has made them (the
+//!   driver makes them on its first use as the owner) and granted their use: `GRANT USAGE ON
+//!   SEQUENCE public.leasehold_fence`, and `SELECT, INSERT, UPDATE, DELETE` on the tables.
+//!   Missing, an object's error gives the statement that makes it.
 //! - **Native, fair waiting.** `acquire` with a budget tries once on a shared session, then
 //!   blocks in `pg_advisory_lock` (PostgreSQL's queue is fair) on a session **lent whole**
 //!   from the same bound: one that carries no lock and runs nothing, or a new one if the pool
@@ -233,6 +240,7 @@
 mod backend;
 mod config;
 mod conninfo;
+mod ddl;
 mod election;
 mod error;
 mod fence;

@@ -90,29 +90,13 @@ impl PostgresPermits {
         let lent = pool.shared(None).await?;
         let table = self.table_sql();
         self.table
-            .get_or_try_init(|| async {
+            .get_or_try_init(|| {
                 let create = format!(
                     "CREATE TABLE IF NOT EXISTS {table} \
                      (key text PRIMARY KEY, permits integer NOT NULL CHECK (permits > 0))"
                 );
-                let Err(e) = lent.session.client().batch_execute(&create).await else {
-                    return Ok(());
-                };
-                // A concurrent creator may have won (the error then varies with the moment
-                // it lost): accept the table if it is there now.
-                let probe = format!(
-                    "SELECT to_regclass('{}') IS NOT NULL",
-                    table.replace('\'', "''")
-                );
-                match lent.session.client().query(&probe, &[]).await {
-                    Ok(rows)
-                        if rows.first().and_then(|r| r.try_get::<_, bool>(0).ok())
-                            == Some(true) =>
-                    {
-                        Ok(())
-                    }
-                    _ => Err(pg_error("create semaphore table", e)),
-                }
+                let (client, table) = (lent.session.client(), &table);
+                async move { crate::ddl::ensure(client, table, &create).await }
             })
             .await?;
         let name = self.name(key);

@@ -6,12 +6,12 @@ use std::sync::Arc;
 use leasehold_core::Error;
 use tokio::sync::{OnceCell, watch};
 use tokio_postgres::config::{Host, SslMode};
-use tokio_postgres::error::SqlState;
 use tokio_postgres::tls::MakeTlsConnect;
 use tokio_postgres::{CancelToken, Client, NoTls, Socket, Statement};
 
 use crate::NAME;
 use crate::config::PostgresConfig;
+use crate::ddl;
 use crate::error::{connect_error, pg_error};
 use crate::key::AdvisoryId;
 use crate::probe::{Probe, Statements, WeakProbe};
@@ -318,22 +318,14 @@ impl Session {
     }
 }
 
-/// `CREATE SEQUENCE IF NOT EXISTS`, tolerating a concurrent creator (which makes PostgreSQL
-/// report a duplicate even with `IF NOT EXISTS`).
+/// The fencing sequence `seq_sql`, created if missing (see [`ddl::ensure`]).
 async fn create_sequence(client: &Client, seq_sql: &str) -> Result<(), Error> {
-    match client
-        .batch_execute(&format!("CREATE SEQUENCE IF NOT EXISTS {seq_sql}"))
-        .await
-    {
-        Ok(()) => Ok(()),
-        Err(e)
-            if e.code() == Some(&SqlState::UNIQUE_VIOLATION)
-                || e.code() == Some(&SqlState::DUPLICATE_TABLE) =>
-        {
-            Ok(())
-        }
-        Err(e) => Err(pg_error("creating the fencing sequence", e)),
-    }
+    ddl::ensure(
+        client,
+        seq_sql,
+        &format!("CREATE SEQUENCE IF NOT EXISTS {seq_sql}"),
+    )
+    .await
 }
 
 #[cfg(test)]
