@@ -7,7 +7,9 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use leasehold_core::{Error, ErrorKind, Locker, Renewal};
+use leasehold_core::{
+    Candidate, Elector, Error, ErrorKind, Locker, PermitLimit, Renewal, Semaphore,
+};
 use leasehold_etcd::EtcdBackend;
 use leasehold_test_support::require_service;
 use leasehold_test_support::services::{self, Endpoints, Service};
@@ -86,29 +88,35 @@ fn locker(backend: EtcdBackend) -> Locker {
     leasehold_test_support::harness::locker(backend, Duration::from_secs(5), Renewal::Auto)
 }
 
-/// `etcdctl get --prefix --keys-only PREFIX` on etcd-secure, over TLS with the CA and the
-/// user: an independent look at what the server stores.
-async fn etcdctl_keys(s: &Secure, prefix: &str) -> Vec<String> {
+/// `etcdctl ARGS` on etcd-secure, over TLS with the CA, as root: its standard output. Fails
+/// the test if it fails.
+async fn etcdctl(s: &Secure, args: &[&str]) -> String {
     let out = Command::new("etcdctl")
         .env("ETCDCTL_API", "3")
         .arg(format!("--endpoints=https://{}", s.endpoint))
         .arg(format!("--cacert={}", s.ca.display()))
         .arg(format!("--user={}:{}", s.user, s.password))
         .arg("--command-timeout=5s")
-        .args(["get", "--prefix", "--keys-only", prefix])
+        .args(args)
         .stdin(Stdio::null())
         .kill_on_drop(true)
         .output();
     let out = match timeout(Duration::from_secs(10), out).await {
         Ok(Ok(out)) if out.status.success() => out,
         Ok(Ok(out)) => panic!(
-            "etcdctl get failed: {}",
+            "etcdctl {args:?} failed: {}",
             String::from_utf8_lossy(&out.stderr)
         ),
         Ok(Err(e)) => panic!("cannot run etcdctl: {e}"),
-        Err(_) => panic!("etcdctl get did not finish within 10 s"),
+        Err(_) => panic!("etcdctl {args:?} did not finish within 10 s"),
     };
-    String::from_utf8_lossy(&out.stdout)
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// `etcdctl get --prefix --keys-only PREFIX`: an independent look at what the server stores.
+async fn etcdctl_keys(s: &Secure, prefix: &str) -> Vec<String> {
+    etcdctl(s, &["get", "--prefix", "--keys-only", prefix])
+        .await
         .lines()
         .filter(|l| !l.is_empty())
         .map(str::to_owned)
@@ -291,4 +299,66 @@ async fn missing_or_wrong_ca_fails_clearly() {
         all.to_lowercase().contains("certificate") || all.contains("UnknownIssuer"),
         "the error should point at the certificate: {all}"
     );
+}
+
+/// A user whose role may only read and write the backend's prefix (least privilege) takes a
+/// lock with a token, a semaphore permit and a leadership there, and leaves no key: the driver
+/// touches nothing outside its prefix and makes no call reserved to root.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_limited_to_its_prefix_locks_counts_permits_and_elects() {
+    let endpoints = require_service!(Service::EtcdSecure);
+    let s = secure(&endpoints);
+    let tag = leasehold_test_support::services::unique_prefix("etcd-least");
+    let prefix = format!("{tag}/");
+    let (user, role) = (format!("{tag}-user"), format!("{tag}-role"));
+    etcdctl(&s, &["role", "add", &role]).await;
+    etcdctl(
+        &s,
+        &[
+            "role",
+            "grant-permission",
+            &role,
+            "readwrite",
+            &prefix,
+            "--prefix=true",
+        ],
+    )
+    .await;
+    etcdctl(&s, &["user", "add", &format!("{user}:least-pw")]).await;
+    etcdctl(&s, &["user", "grant-role", &user, &role]).await;
+    let limited = Secure {
+        user: user.clone(),
+        password: "least-pw".to_owned(),
+        endpoint: s.endpoint.clone(),
+        ca: s.ca.clone(),
+    };
+    let url = url(&limited, &limited.password, Some(&limited.ca), &prefix);
+    // In a task of its own, so that a failure still removes the user and the role.
+    let outcome = tokio::spawn(async move {
+        let backend = connect(&url).await.unwrap();
+        let l = locker(backend.clone());
+        let lease = l.try_acquire("k").await.unwrap().expect("free");
+        assert!(lease.fencing_token().is_some(), "no token");
+        assert!(lease.release().await.unwrap());
+        let sem = Semaphore::from_locker(&l, PermitLimit::new(2).unwrap()).unwrap();
+        let permit = sem.try_acquire("s").await.unwrap().expect("a free permit");
+        assert!(permit.release().await.unwrap());
+        let elector = Elector::new(
+            std::sync::Arc::new(backend),
+            "e",
+            Candidate::new("me").unwrap(),
+            leasehold_test_support::harness::options(Duration::from_secs(5), Renewal::Auto),
+        )
+        .unwrap();
+        let lead = elector.campaign_for(Duration::from_secs(5)).await.unwrap();
+        assert!(lead.resign().await.unwrap());
+    })
+    .await;
+    // What the semaphore keeps for good (its agreed limit), then the user and the role.
+    etcdctl(&s, &["del", "--prefix", &prefix]).await;
+    etcdctl(&s, &["user", "delete", &user]).await;
+    etcdctl(&s, &["role", "delete", &role]).await;
+    if let Err(e) = outcome {
+        std::panic::resume_unwind(e.into_panic());
+    }
 }
