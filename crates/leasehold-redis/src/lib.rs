@@ -274,7 +274,15 @@
 //! Connection trouble, timeouts and the server's "not now" answers (`BUSY`, `LOADING`,
 //! `TRYAGAIN`, `CLUSTERDOWN`, `MASTERDOWN`, `NOREPLICAS`) are `Unavailable` errors, which leasehold-core
 //! retries: a release within its 5 s budget, then in the background until the key's TTL has
-//! passed (it is gone by then). Other server errors are `Backend` errors, never retried.
+//! passed (it is gone by then). The server refusing the user (`NOPERM` from an ACL, `NOAUTH`,
+//! a wrong password) is an `InvalidConfig` error. Other server errors are `Backend` errors;
+//! neither is retried.
+//!
+//! An ACL user that may not subscribe to the wake-up channels (Redis 7 gives new users no
+//! channel unless `acl-pubsub-default allchannels` is set) still waits: its waiters poll with
+//! the backoff instead of being woken by releases, and a warning (target
+//! `leasehold.redis.wake`) names the channel. Grant the user the prefix's channels
+//! (`&<prefix>*`) as well as its keys (`~<prefix>*`).
 //!
 //! A server at its `maxmemory` that may not evict (policy `noeviction`, the default) refuses
 //! what could grow its memory: an acquisition fails with a `Backend` error carrying the

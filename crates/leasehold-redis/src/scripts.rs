@@ -160,6 +160,10 @@ return false
 /// leaves the lock to expire, and the others then come by their backoff. With no waiter the
 /// lock is deleted and nothing is published. One waiter per release: no herd of attempts,
 /// however many wait. 1 if it held our value, else 0.
+///
+/// The message is best effort (`redis.pcall`): an ACL that refuses the channel must not fail
+/// a release whose hand-over is already written (a script's writes stay when it fails); the
+/// waiter, which could not subscribe either, claims the lock at its next poll.
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
     // No local functions: each would cost a closure per call on the uncontended path.
     Script::new(&format!(
@@ -211,9 +215,9 @@ end
 if woken then
   local channel = KEYS[2] .. ':' .. woken
   if ARGV[2] == 'S' then
-    redis.call('SPUBLISH', channel, woken)
+    redis.pcall('SPUBLISH', channel, woken)
   else
-    redis.call('PUBLISH', channel, woken)
+    redis.pcall('PUBLISH', channel, woken)
   end
 end
 return 1

@@ -55,12 +55,14 @@ use crate::scripts::NOW_MS;
 use crate::wake::{Subscription, WakeHub, wait_on};
 
 /// Lua: `wake(channel, owner, mode)` publishes `owner` on `channel`, on the sharded channel
-/// when `mode` is `S` (Redis Cluster: the channel lives on the key's slot).
+/// when `mode` is `S` (Redis Cluster: the channel lives on the key's slot). Best effort
+/// (`redis.pcall`): an ACL that refuses the channel must not fail the release around it, whose
+/// writes are done by then; waiters that could not subscribe poll.
 const WAKE_FN: &str = r"local function wake(channel, owner, mode)
   if mode == 'S' then
-    redis.call('SPUBLISH', channel, owner)
+    redis.pcall('SPUBLISH', channel, owner)
   else
-    redis.call('PUBLISH', channel, owner)
+    redis.pcall('PUBLISH', channel, owner)
   end
 end
 ";

@@ -13,7 +13,7 @@ use std::pin::Pin;
 use std::task::Poll;
 use std::time::Duration;
 
-use leasehold_core::{Error, Grant, Waited};
+use leasehold_core::{Error, ErrorKind, Grant, Waited};
 use redis::{PushInfo, PushKind, Value};
 use tokio::sync::Notify;
 use tokio::sync::futures::Notified;
@@ -26,6 +26,8 @@ use crate::node::Node;
 #[derive(Default)]
 pub(crate) struct WakeHub {
     channels: Mutex<HashMap<String, Arc<Channel>>>,
+    /// A subscription was refused (an ACL): warned once.
+    refused: std::sync::atomic::AtomicBool,
 }
 
 /// One wake-up channel: its waiters, how many hold it, and whether we are subscribed.
@@ -105,8 +107,19 @@ impl Subscription {
         };
         let mut subscribed = sub.channel.subscribed.lock().await;
         if !*subscribed {
-            sub.node.subscribe(name).await?;
-            *subscribed = true;
+            match sub.node.subscribe(name).await {
+                Ok(()) => *subscribed = true,
+                // An ACL without the channel: the waiter polls (`wait_on`'s backoff) instead.
+                Err(e) if e.kind() == ErrorKind::InvalidConfig => {
+                    if !hub.refused.swap(true, Ordering::Relaxed) {
+                        tracing::warn!(target: "leasehold.redis.wake", channel = name, error = %e,
+                            "this Redis user may not subscribe to the wake-up channels: waiters \
+                             poll with backoff instead of being woken by releases; grant the \
+                             user the channels of the key prefix (&<prefix>*)");
+                    }
+                }
+                Err(e) => return Err(e),
+            }
         }
         drop(subscribed);
         Ok(sub)

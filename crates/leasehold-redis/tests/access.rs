@@ -8,7 +8,7 @@ mod common;
 
 use std::time::Duration;
 
-use leasehold_core::{LockOptions, Locker, Renewal};
+use leasehold_core::{Candidate, Elector, LockOptions, Locker, PermitLimit, Renewal, Semaphore};
 use leasehold_redis::{RedisBackend, RedisConfig};
 use leasehold_test_support::require_service;
 use leasehold_test_support::services::{self, REDIS_ACL_PASSWORD_VAR, REDIS_ACL_USER_VAR, Service};
@@ -82,6 +82,122 @@ async fn an_acl_user_with_a_password_locks_and_a_wrong_password_is_refused_unsee
     assert!(
         shown.contains("WRONGPASS") || shown.to_lowercase().contains("auth"),
         "the error says it is the password: {shown}"
+    );
+}
+
+/// Creates the ACL user `user` (password `least-pw`) with the key and channel patterns
+/// `patterns`, runs `body` with a URL logging in as it (in a task of its own, so that a failure
+/// still removes the user), then removes the user.
+async fn as_acl_user<F, Fut>(ep: &services::Endpoints, user: &str, patterns: &[String], body: F)
+where
+    F: FnOnce(String) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let admin = redis::Client::open(ep.url()).unwrap();
+    let mut admin = admin.get_multiplexed_async_connection().await.unwrap();
+    redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg(user)
+        .arg("on")
+        .arg(">least-pw")
+        .arg(patterns)
+        .arg("+@all")
+        .arg("-@dangerous")
+        .query_async::<()>(&mut admin)
+        .await
+        .unwrap();
+    let url = ep
+        .url()
+        .replacen("redis://", &format!("redis://{user}:least-pw@"), 1);
+    let outcome = tokio::spawn(body(url)).await;
+    redis::cmd("ACL")
+        .arg("DELUSER")
+        .arg(user)
+        .query_async::<()>(&mut admin)
+        .await
+        .unwrap();
+    if let Err(e) = outcome {
+        std::panic::resume_unwind(e.into_panic());
+    }
+}
+
+/// A backend for `url` under `prefix`.
+async fn connect_as(url: &str, prefix: &str) -> RedisBackend {
+    let config = RedisConfig::from_url(url)
+        .and_then(|c| c.with_prefix(prefix))
+        .unwrap();
+    RedisBackend::connect(config).await.unwrap()
+}
+
+/// An ACL user limited to the backend's prefix, for keys and channels alike (least
+/// privilege), locks with a token, is woken by the release message, counts permits and
+/// elects: the backend touches no key and no channel outside its prefix.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acl_user_limited_to_its_prefix_locks_waits_counts_permits_and_elects() {
+    let ep = require_service!(Service::Redis);
+    let prefix = common::prefix("acl-prefix");
+    let user = prefix.trim_end_matches(':').to_owned();
+    let patterns = [format!("~{prefix}*"), format!("&{prefix}*")];
+    as_acl_user(&ep, &user, &patterns, |url| async move {
+        let (one, other) = (
+            locker(connect_as(&url, &prefix).await),
+            locker(connect_as(&url, &prefix).await),
+        );
+        exclusive_and_woken(&one, &other, "k").await;
+        let sem = Semaphore::from_locker(&one, PermitLimit::new(2).unwrap()).unwrap();
+        let permit = sem.try_acquire("s").await.unwrap().expect("a free permit");
+        assert!(permit.release().await.unwrap());
+        let elector = Elector::new(
+            std::sync::Arc::clone(one.backend()),
+            "e",
+            Candidate::new("me").unwrap(),
+            LockOptions::default(),
+        )
+        .unwrap();
+        let lead = elector.campaign_for(Duration::from_secs(5)).await.unwrap();
+        assert!(lead.resign().await.unwrap());
+    })
+    .await;
+}
+
+/// An ACL user with the prefix's keys but no channel (what Redis 7 gives a new user unless
+/// `acl-pubsub-default allchannels` is set) still waits, for a lock and for a permit: by
+/// polling, with a warning that says what to grant. Every waiting acquisition used to fail
+/// with the refused `SUBSCRIBE`, and a release that handed the lock to a waiter failed at its
+/// refused `PUBLISH` (after the hand-over was written).
+#[tokio::test]
+async fn an_acl_user_without_channels_waits_by_polling_with_a_warning() {
+    let ep = require_service!(Service::Redis);
+    let prefix = common::prefix("acl-no-channels");
+    let user = prefix.trim_end_matches(':').to_owned();
+    let logs = leasehold_test_support::logs::capture();
+    let patterns = [format!("~{prefix}*"), "resetchannels".to_owned()];
+    as_acl_user(&ep, &user, &patterns, |url| async move {
+        let (one, other) = (
+            locker(connect_as(&url, &prefix).await),
+            locker(connect_as(&url, &prefix).await),
+        );
+        exclusive_and_woken(&one, &other, "k").await;
+        // A semaphore's waiter too: the release's message is refused, the release is not.
+        let limit = PermitLimit::new(1).unwrap();
+        let (a, b) = (
+            Semaphore::from_locker(&one, limit).unwrap(),
+            Semaphore::from_locker(&other, limit).unwrap(),
+        );
+        let permit = a.try_acquire("s").await.unwrap().expect("a free permit");
+        let waiter = tokio::spawn(async move { b.acquire("s", Duration::from_secs(10)).await });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(permit.release().await.unwrap());
+        let next = waiter.await.unwrap().unwrap();
+        assert!(next.release().await.unwrap());
+    })
+    .await;
+    let text = logs.text();
+    assert_eq!(
+        text.matches("may not subscribe to the wake-up channels")
+            .count(),
+        1,
+        "{text}"
     );
 }
 
