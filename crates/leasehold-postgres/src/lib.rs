@@ -48,8 +48,9 @@
 //!   PostgreSQL runs as one implicit transaction: on timeout the transaction aborts and the
 //!   `SET`s are rolled back, on success the `RESET`s run, so neither setting is left on the
 //!   session. A statement that a `statement_timeout` or an operator cancels (SQLSTATE 57014)
-//!   is an `Unavailable` error, retried like any transient fault. A grant and a lock timeout are exclusive on the
-//!   server, so the race where the lock is granted just as the timeout fires has one answer.
+//!   is an `Unavailable` error, retried like any transient fault. A grant and a lock timeout
+//!   are exclusive on the server, so the race where the lock is granted just as the timeout
+//!   fires has one answer.
 //!   After a grant, a `nextval` round trip mints the token and starts the validity, and the
 //!   session goes back to the pool, carrying the lock, for shared use. **When no session can
 //!   be lent whole** (every one carries locks and the bound is reached), the acquisition
@@ -128,9 +129,9 @@
 //!   whose checks otherwise keep a session carrying locks from being idle; a network failure)
 //!   and grant the lock to someone else *before* the holder's next health check notices.
 //!   Sessions that carry no lock may be ended while idle: the pool never hands out an ended
-//!   one (`tests/server_timeouts.rs`). The lost signal fires within
-//!   the validity window at worst (at once when the connection visibly ends), but a holder that
-//!   writes in between is only stopped by a **fencing token checked by the resource**.
+//!   one (`tests/server_timeouts.rs`). The lost signal fires within the validity window at
+//!   worst (at once when the connection visibly ends), but a holder that writes in between is
+//!   only stopped by a **fencing token checked by the resource**.
 //! - Advisory locks are only advisory: code that doesn't ask for the lock is not stopped.
 //! - Connection poolers in *transaction* mode (pgbouncer `pool_mode = transaction`) hand each
 //!   transaction to any server session: **session mode through them is unsafe and not

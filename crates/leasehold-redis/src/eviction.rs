@@ -12,7 +12,7 @@ use redis::Value;
 use crate::node::Conn;
 
 /// The log target of the warning.
-pub(crate) const TARGET: &str = "leasehold.redis.eviction";
+const TARGET: &str = "leasehold.redis.eviction";
 
 /// Asks the server(s) behind `conn` (every node of a cluster) for their memory policy, and
 /// warns for each that may evict lock keys. A server that does not answer (`INFO` refused by
@@ -65,7 +65,7 @@ fn texts(v: &Value) -> Vec<(Option<String>, String)> {
 
 /// `Some((maxmemory, policy))` if an `INFO memory` text says the server may evict keys: a
 /// `maxmemory` set (0 means no limit) with a policy other than `noeviction`.
-pub(crate) fn evicting(info: &str) -> Option<(u64, String)> {
+fn evicting(info: &str) -> Option<(u64, String)> {
     let field = |name: &str| {
         info.lines()
             .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
