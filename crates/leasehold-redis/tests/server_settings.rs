@@ -195,8 +195,8 @@ async fn a_server_short_of_replicas_is_waited_out() {
     assert!(taken.release().await.unwrap());
 }
 
-/// The warning about eviction, once a backend over `urls` has connected (one lock taken and
-/// given back) and the check had time to answer; `None` if there was none.
+/// The warning about eviction, once `backend` has connected (one lock taken and given back)
+/// and its check had time to answer; `None` if there was none.
 async fn eviction_warning(backend: RedisBackend, logs: &Captured) -> Option<String> {
     let l = harness::locker(backend, Duration::from_secs(10), Renewal::Off);
     let lease = l.try_acquire("k").await.unwrap().expect("free");
