@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold_core::{Candidate, Elector, LockBackend, Locker, PermitLimit, Renewal, Semaphore};
-use leasehold_postgres::{PostgresBackend, PostgresConfig, PostgresFenceStore};
+use leasehold_postgres::{PostgresBackend, PostgresFenceStore};
 use leasehold_test_support::harness;
 use leasehold_test_support::require_service;
 use leasehold_test_support::services::{Service, unique_prefix};
@@ -22,6 +22,36 @@ fn as_user(url: &str, user: &str, password: &str) -> String {
     let (scheme, rest) = url.split_once("://").expect("a URL");
     let host = rest.rsplit_once('@').map_or(rest, |(_, host)| host);
     format!("{scheme}://{user}:{password}@{host}")
+}
+
+/// Through `url` (sessions named `app`): a lock with a fencing token, a semaphore permit and
+/// a leadership, each given back, and the fence store `fence_table` opened. Between them they
+/// use everything the driver stores.
+async fn use_everything(url: &str, app: &str, fence_table: &str) -> Result<(), common::BoxError> {
+    let backend = PostgresBackend::new(common::config(url, app)?);
+    let locker = Locker::new(backend.clone());
+    let lease = locker
+        .try_acquire(format!("{app}/k"))
+        .await?
+        .ok_or("held")?;
+    assert!(lease.fencing_token().is_some(), "no token");
+    assert!(lease.release().await?);
+    let sem = Semaphore::from_locker(&locker, PermitLimit::new(2)?)?;
+    let permit = sem
+        .try_acquire(format!("{app}/s"))
+        .await?
+        .ok_or("no permit")?;
+    assert!(permit.release().await?);
+    let elector = Elector::new(
+        Arc::new(backend) as Arc<dyn LockBackend>,
+        format!("{app}/e"),
+        Candidate::new("me")?,
+        harness::options(Duration::from_secs(5), Renewal::Auto),
+    )?;
+    let lead = elector.campaign_for(Duration::from_secs(5)).await?;
+    assert!(lead.resign().await?);
+    PostgresFenceStore::connect(url, fence_table).await?;
+    Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -34,32 +64,7 @@ async fn a_role_without_create_uses_what_an_administrator_made() -> Result<(), c
 
     // The administrator's part: every object made once (here by the driver itself, as the
     // owner), then the role, granted their use and nothing more.
-    let owner = PostgresBackend::new(common::config(pg.url(), &app)?);
-    let owner_locker = Locker::new(owner.clone());
-    let lease = owner_locker
-        .try_acquire(format!("{app}/k"))
-        .await?
-        .ok_or("held")?;
-    assert!(lease.release().await?);
-    let sem = Semaphore::from_locker(&owner_locker, PermitLimit::new(2)?)?;
-    let permit = sem
-        .try_acquire(format!("{app}/s"))
-        .await?
-        .ok_or("no permit")?;
-    assert!(permit.release().await?);
-    let elect = |backend: Arc<dyn LockBackend>| {
-        Elector::new(
-            backend,
-            format!("{app}/e"),
-            Candidate::new("me").expect("a candidate"),
-            harness::options(Duration::from_secs(5), Renewal::Auto),
-        )
-    };
-    let lead = elect(Arc::new(owner.clone()))?
-        .campaign_for(Duration::from_secs(5))
-        .await?;
-    assert!(lead.resign().await?);
-    PostgresFenceStore::connect(pg.url(), &fence_table).await?;
+    use_everything(pg.url(), &app, &fence_table).await?;
     admin
         .batch_execute(&format!(
             "CREATE ROLE \"{role}\" LOGIN PASSWORD 'least'; \
@@ -79,32 +84,7 @@ async fn a_role_without_create_uses_what_an_administrator_made() -> Result<(), c
         "the role may create: nothing is tested"
     );
 
-    let outcome = async {
-        let url = as_user(pg.url(), &role, "least");
-        let cfg: PostgresConfig = common::config(&url, &app)?;
-        let backend = PostgresBackend::new(cfg);
-        let locker = Locker::new(backend.clone());
-        let lease = locker
-            .try_acquire(format!("{app}/k"))
-            .await?
-            .ok_or("held")?;
-        assert!(lease.fencing_token().is_some(), "no token");
-        assert!(lease.release().await?);
-        let sem = Semaphore::from_locker(&locker, PermitLimit::new(2)?)?;
-        let permit = sem
-            .try_acquire(format!("{app}/s"))
-            .await?
-            .ok_or("no permit")?;
-        assert!(permit.release().await?);
-        let lead = elect(Arc::new(backend))?
-            .campaign_for(Duration::from_secs(5))
-            .await?;
-        assert!(lead.resign().await?);
-        let store = PostgresFenceStore::connect(&url, &fence_table).await?;
-        drop(store);
-        Ok::<_, common::BoxError>(())
-    }
-    .await;
+    let outcome = use_everything(&as_user(pg.url(), &role, "least"), &app, &fence_table).await;
     admin
         .batch_execute(&format!(
             "DROP TABLE \"{fence_table}\"; DROP OWNED BY \"{role}\"; DROP ROLE \"{role}\""

@@ -17,10 +17,7 @@ const STATEMENT_TIMEOUT_MS: u64 = 200;
 
 /// A locker whose sessions start with `statement_timeout` = [`STATEMENT_TIMEOUT_MS`].
 fn locker(url: &str, app: &str) -> Result<Locker, common::BoxError> {
-    let url = format!(
-        "{url}{}options=-c%20statement_timeout%3D{STATEMENT_TIMEOUT_MS}",
-        if url.contains('?') { '&' } else { '?' }
-    );
+    let url = common::with_setting(url, "statement_timeout", STATEMENT_TIMEOUT_MS);
     let backend = leasehold_postgres::PostgresBackend::new(common::config(&url, app)?);
     Ok(Locker::new(backend))
 }
@@ -74,11 +71,7 @@ async fn sessions_ended_while_idle_are_not_reused() -> Result<(), common::BoxErr
     let pg = require_service!(Service::Postgres, Ok(()));
     let app = leasehold_test_support::services::unique_prefix("pg-idle-session");
     let admin = common::admin(pg.url()).await?;
-    let url = format!(
-        "{}{}options=-c%20idle_session_timeout%3D{IDLE_MS}",
-        pg.url(),
-        if pg.url().contains('?') { '&' } else { '?' }
-    );
+    let url = common::with_setting(pg.url(), "idle_session_timeout", IDLE_MS);
     let locker = Locker::new(leasehold_postgres::PostgresBackend::new(common::config(
         &url, &app,
     )?));

@@ -29,12 +29,6 @@ fn ca() -> Option<PathBuf> {
     ca
 }
 
-/// `URL?params` with the test's application name (to find its sessions in pg_stat_ssl).
-fn url_with(url: &str, params: &str) -> String {
-    let sep = if url.contains('?') { '&' } else { '?' };
-    format!("{url}{sep}{params}")
-}
-
 /// Whether every session of `app` uses TLS; fails if it has none.
 async fn sessions_use_tls(admin: &Client, app: &str) -> Result<bool, common::BoxError> {
     let rows = admin
@@ -74,7 +68,7 @@ async fn verify_full_with_the_ca_connects_encrypted() -> Result<(), common::BoxE
     ] {
         let app = unique_prefix("pg-tls-full");
         let cfg = common::config(
-            &url_with(
+            &common::url_with(
                 &url,
                 &format!("sslmode=verify-full&sslrootcert={}", ca.display()),
             ),
@@ -128,7 +122,8 @@ async fn verify_full_without_the_ca_fails_clearly() -> Result<(), common::BoxErr
         return Ok(());
     }
     // System roots (no sslrootcert) do not know the throwaway CA.
-    let result = match PostgresConfig::from_url(&url_with(pg.url(), "sslmode=verify-full")) {
+    let result = match PostgresConfig::from_url(&common::url_with(pg.url(), "sslmode=verify-full"))
+    {
         // No system roots at all: refused when configuring.
         Err(e) => Err(e),
         Ok(cfg) => PostgresBackend::connect(cfg).await.map(drop),
@@ -148,7 +143,7 @@ async fn verify_full_without_the_ca_fails_clearly() -> Result<(), common::BoxErr
     );
 
     // A missing root file is a configuration error, naming the file, before any connect.
-    let err = PostgresConfig::from_url(&url_with(
+    let err = PostgresConfig::from_url(&common::url_with(
         pg.url(),
         "sslmode=verify-full&sslrootcert=/nonexistent/leasehold-ca.pem",
     ))
@@ -166,7 +161,7 @@ async fn require_encrypts_without_verifying_and_disable_stays_plain() -> Result<
     let admin = common::admin(pg.url()).await?;
 
     let app = unique_prefix("pg-tls-req");
-    let cfg = common::config(&url_with(pg.url(), "sslmode=require"), &app)?;
+    let cfg = common::config(&common::url_with(pg.url(), "sslmode=require"), &app)?;
     assert_eq!(cfg.ssl_mode(), "require");
     let backend = PostgresBackend::connect(cfg).await?;
     lock_cycle(backend.clone(), &format!("{app}/k")).await?;
@@ -174,7 +169,7 @@ async fn require_encrypts_without_verifying_and_disable_stays_plain() -> Result<
     drop(backend);
 
     let app = unique_prefix("pg-tls-off");
-    let cfg = common::config(&url_with(pg.url(), "sslmode=disable"), &app)?;
+    let cfg = common::config(&common::url_with(pg.url(), "sslmode=disable"), &app)?;
     assert_eq!(cfg.ssl_mode(), "disable");
     let backend = PostgresBackend::connect(cfg).await?;
     lock_cycle(backend.clone(), &format!("{app}/k")).await?;
@@ -192,7 +187,10 @@ async fn require_encrypts_without_verifying_and_disable_stays_plain() -> Result<
 async fn prefer_and_the_default_try_tls_first() -> Result<(), common::BoxError> {
     let pg = require_service!(Service::Postgres, Ok(()));
     let admin = common::admin(pg.url()).await?;
-    for url in [pg.url().to_owned(), url_with(pg.url(), "sslmode=prefer")] {
+    for url in [
+        pg.url().to_owned(),
+        common::url_with(pg.url(), "sslmode=prefer"),
+    ] {
         let app = unique_prefix("pg-tls-prefer");
         let cfg = common::config(&url, &app)?;
         assert_eq!(cfg.ssl_mode(), "prefer");
@@ -210,7 +208,7 @@ async fn prefer_falls_back_to_plaintext_when_the_server_has_no_tls() -> Result<(
 {
     let bouncer = require_service!(Service::PgBouncer, Ok(()));
     let logs = leasehold_test_support::logs::capture();
-    let url = url_with(
+    let url = common::url_with(
         bouncer.url(),
         "sslmode=prefer&allow_plaintext_password=false",
     );
@@ -223,7 +221,7 @@ async fn prefer_falls_back_to_plaintext_when_the_server_has_no_tls() -> Result<(
     );
     assert!(!logs.text().contains("in clear"), "{}", logs.text());
     // `require` does not fall back.
-    let err = PostgresFenceStore::connect(&url_with(bouncer.url(), "sslmode=require"), "t")
+    let err = PostgresFenceStore::connect(&common::url_with(bouncer.url(), "sslmode=require"), "t")
         .await
         .err()
         .ok_or("require connected without TLS")?;
@@ -242,7 +240,7 @@ async fn the_fence_store_uses_tls() -> Result<(), common::BoxError> {
         format!("sslmode=verify-full&sslrootcert={}", ca.display()),
     ] {
         let app = unique_prefix("pg-tls-fence");
-        let url = url_with(pg.url(), &format!("application_name={app}&{params}"));
+        let url = common::url_with(pg.url(), &format!("application_name={app}&{params}"));
         let table = app.replace('-', "_");
         let _store = PostgresFenceStore::connect(&url, &table).await?;
         assert!(sessions_use_tls(&admin, &app).await?, "{params}: not TLS");
@@ -292,7 +290,7 @@ async fn a_password_in_clear_to_a_remote_host_warns_or_is_refused() -> Result<()
     // Loopback: plaintext with a password is allowed silently, even when refusing remotes.
     let logs = leasehold_test_support::logs::capture();
     let app = unique_prefix("pg-plain-loop");
-    let url = url_with(pg.url(), "sslmode=disable&allow_plaintext_password=false");
+    let url = common::url_with(pg.url(), "sslmode=disable&allow_plaintext_password=false");
     let backend = PostgresBackend::connect(common::config(&url, &app)?).await?;
     lock_cycle(backend, &format!("{app}/k")).await?;
     assert!(!logs.text().contains("in clear"), "{}", logs.text());

@@ -90,11 +90,7 @@ async fn xact_lock_lives_and_dies_with_the_transaction() -> Result<(), common::B
 async fn the_sequence_name_is_bound_not_spliced() -> Result<(), common::BoxError> {
     let pg = require_service!(Service::Postgres, Ok(()));
     let app = unique_prefix("pg-regclass");
-    let sep = if pg.url().contains('?') { '&' } else { '?' };
-    let url = format!(
-        "{}{sep}options=-c%20standard_conforming_strings%3Doff",
-        pg.url()
-    );
+    let url = common::with_setting(pg.url(), "standard_conforming_strings", "off");
     let sequence = format!("{}\\", app.replace('-', "_"));
     let cfg = common::config(&url, &app)?.with_fence_sequence("public", sequence.as_str())?;
     let backend = PostgresBackend::new(cfg);

@@ -28,3 +28,15 @@ pub fn pair(cfg: &PostgresConfig) -> (PostgresBackend, PostgresBackend) {
         PostgresBackend::new(cfg.clone()),
     )
 }
+
+/// `url` with the query parameters `params` (`a=1&b=2`) added.
+pub fn url_with(url: &str, params: &str) -> String {
+    let sep = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{sep}{params}")
+}
+
+/// `url` whose sessions start with the server setting `name` = `value` (libpq's `options`,
+/// `-c name=value`).
+pub fn with_setting(url: &str, name: &str, value: impl std::fmt::Display) -> String {
+    url_with(url, &format!("options=-c%20{name}%3D{value}"))
+}
