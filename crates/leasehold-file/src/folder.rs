@@ -1,11 +1,13 @@
 //! The lock folder and its files, on a host shared with other users: where the default folder
-//! is, which folders are accepted, and how lock and fence files are opened and read.
+//! is, which folders are accepted, and how lock and fence files are opened, locked, read and
+//! written.
 
-use std::fs::{self, DirBuilder, File, OpenOptions, Permissions};
-use std::io::{self, Read};
+use std::fs::{self, DirBuilder, File, OpenOptions, Permissions, TryLockError};
+use std::io::{self, Read, Seek, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
+use leasehold_core::Owner;
 use nix::libc;
 
 /// The most [`read_bounded`] reads of a lock file's owner value or a fence file's counter.
@@ -223,7 +225,7 @@ fn explain(e: io::Error) -> io::Error {
 /// Reads at most [`READ_LIMIT`] bytes as text; `Err(InvalidData)` if there is more.
 pub(crate) fn read_bounded(file: &mut File) -> io::Result<String> {
     let mut text = String::new();
-    file.by_ref()
+    Read::by_ref(file)
         .take(READ_LIMIT + 1)
         .read_to_string(&mut text)?;
     if text.len() as u64 > READ_LIMIT {
@@ -233,4 +235,72 @@ pub(crate) fn read_bounded(file: &mut File) -> io::Result<String> {
         ));
     }
     Ok(text)
+}
+
+/// A file's identity: its device and inode.
+pub(crate) fn identity(m: &fs::Metadata) -> (u64, u64) {
+    (m.dev(), m.ino())
+}
+
+/// The identity of the file at `path` (not following a symbolic link).
+pub(crate) fn identity_at(path: &Path) -> io::Result<(u64, u64)> {
+    fs::symlink_metadata(path).map(|m| identity(&m))
+}
+
+/// Opens and locks `lock`; `None` if another holder has it. Retries when the file locked is no
+/// longer the one at the path (deleted or replaced meanwhile).
+pub(crate) fn take(lock: &Path, sharing: Sharing) -> io::Result<Option<(File, (u64, u64))>> {
+    for _ in 0..16 {
+        let file = open_rw(lock, sharing)?;
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(TryLockError::WouldBlock) => return Ok(None),
+            Err(TryLockError::Error(e)) => return Err(e),
+        }
+        let ours = identity(&file.metadata()?);
+        match identity_at(lock) {
+            Ok(at_path) if at_path == ours => return Ok(Some((file, ours))),
+            Ok(_) => continue,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(io::Error::other(
+        "the lock file keeps being replaced while we lock it",
+    ))
+}
+
+/// Next fencing token: read, increment, write back and fsync, under the lock.
+pub(crate) fn next_token(fence: &Path, sharing: Sharing) -> io::Result<u64> {
+    bump(&mut open_rw(fence, sharing)?)
+}
+
+/// Reads, increments, writes back and fsyncs the counter in `f`.
+pub(crate) fn bump(f: &mut File) -> io::Result<u64> {
+    let text = read_bounded(f)?;
+    let last: u64 = if text.trim().is_empty() {
+        0
+    } else {
+        text.trim().parse().map_err(|_| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("fence file holds {text:?}, not a number"),
+            )
+        })?
+    };
+    let next = last
+        .checked_add(1)
+        .ok_or_else(|| io::Error::other("fence counter exhausted"))?;
+    f.set_len(0)?;
+    f.rewind()?;
+    f.write_all(next.to_string().as_bytes())?;
+    f.sync_data()?;
+    Ok(next)
+}
+
+/// Writes `owner` as the lock file's whole content, for `inspect`.
+pub(crate) fn write_owner(file: &mut File, owner: &Owner) -> io::Result<()> {
+    file.set_len(0)?;
+    file.rewind()?;
+    file.write_all(owner.as_str().as_bytes())
 }

@@ -88,6 +88,16 @@
 //! fence file restarts the key's tokens at 1. Do not prune a folder in which
 //! `flock(1)` or another tool that skips that check takes locks.
 //!
+//! # Many leases in one process
+//!
+//! Every lock and permit held keeps its lock file open: one descriptor each, so the process's
+//! open-file limit (`ulimit -n`; often 1,024 by default, less the files the process has open
+//! for other work) bounds how many it can hold at once. Past it an acquisition fails with
+//! [`ErrorKind::Unavailable`] and a message naming that limit; the leases already held are not
+//! affected, and each one released frees a descriptor for the next. Raise the limit for a
+//! process that holds thousands (`LimitNOFILE=` in a systemd unit). While held, each lease is
+//! checked every `check_interval` (a `stat` of its path and of its open file).
+//!
 //! # What it does not guarantee
 //!
 //! - Mutual exclusion holds on **one host** only ([`SafetyClass::Host`]); on a network file
@@ -120,9 +130,8 @@ mod prune;
 
 pub use permits::FilePermits;
 
-use std::fs::{self, File, TryLockError};
-use std::io::{self, Seek, Write};
-use std::os::unix::fs::MetadataExt;
+use std::fs::{File, TryLockError};
+use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -136,11 +145,12 @@ use leasehold_core::{
     LockRequest, Owner, PermitBackend, PermitLimit, RenewalKind, SafetyClass, Validity, WaitKind,
     Waited, redact,
 };
+use nix::errno::Errno;
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use sha2::{Digest, Sha256};
 use tokio::time::Instant;
 
-use folder::Sharing;
+use folder::{Sharing, identity_at, next_token, take, write_owner};
 pub use prune::Pruned;
 
 /// The backend's name.
@@ -278,11 +288,21 @@ fn invalid(msg: impl Into<String>) -> Error {
     Error::new(ErrorKind::InvalidConfig, NAME, msg)
 }
 
+/// `Unavailable` (a file that could not be opened may open at the next attempt: one more lock
+/// released frees a descriptor), saying which limit a descriptor shortage hit.
 fn io_error(what: &str, path: &Path, e: &io::Error) -> Error {
+    let hint = match e.raw_os_error().map(Errno::from_raw) {
+        Some(Errno::EMFILE) => {
+            "; every lock and permit held keeps its file open: raise this process's open-file \
+             limit (`ulimit -n`, systemd's `LimitNOFILE=`)"
+        }
+        Some(Errno::ENFILE) => "; the host's open-file table is full (`fs.file-max`)",
+        _ => "",
+    };
     Error::new(
         ErrorKind::Unavailable,
         NAME,
-        format!("{what} {}: {e}", path.display()),
+        format!("{what} {}: {e}{hint}", path.display()),
     )
 }
 
@@ -336,14 +356,6 @@ impl Locked {
             .is_some();
         open && identity_at(&self.path).ok() == Some(self.identity)
     }
-}
-
-fn identity(m: &fs::Metadata) -> (u64, u64) {
-    (m.dev(), m.ino())
-}
-
-fn identity_at(path: &Path) -> io::Result<(u64, u64)> {
-    fs::symlink_metadata(path).map(|m| identity(&m))
 }
 
 impl FileBackend {
@@ -487,63 +499,6 @@ pub mod fuzzing {
     pub fn file_name(key: &leasehold_core::LockKey) -> String {
         super::file_name(key)
     }
-}
-
-/// Opens and locks `lock`; `None` if another holder has it. Retries when the file locked is no
-/// longer the one at the path (deleted or replaced meanwhile).
-fn take(lock: &Path, sharing: Sharing) -> io::Result<Option<(File, (u64, u64))>> {
-    for _ in 0..16 {
-        let file = folder::open_rw(lock, sharing)?;
-        match file.try_lock() {
-            Ok(()) => {}
-            Err(TryLockError::WouldBlock) => return Ok(None),
-            Err(TryLockError::Error(e)) => return Err(e),
-        }
-        let ours = identity(&file.metadata()?);
-        match identity_at(lock) {
-            Ok(at_path) if at_path == ours => return Ok(Some((file, ours))),
-            Ok(_) => continue,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-            Err(e) => return Err(e),
-        }
-    }
-    Err(io::Error::other(
-        "the lock file keeps being replaced while we lock it",
-    ))
-}
-
-/// Next fencing token: read, increment, write back and fsync, under the lock.
-fn next_token(fence: &Path, sharing: Sharing) -> io::Result<u64> {
-    bump(&mut folder::open_rw(fence, sharing)?)
-}
-
-/// Reads, increments, writes back and fsyncs the counter in `f`.
-fn bump(f: &mut File) -> io::Result<u64> {
-    let text = folder::read_bounded(f)?;
-    let last: u64 = if text.trim().is_empty() {
-        0
-    } else {
-        text.trim().parse().map_err(|_| {
-            io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("fence file holds {text:?}, not a number"),
-            )
-        })?
-    };
-    let next = last
-        .checked_add(1)
-        .ok_or_else(|| io::Error::other("fence counter exhausted"))?;
-    f.set_len(0)?;
-    f.rewind()?;
-    f.write_all(next.to_string().as_bytes())?;
-    f.sync_data()?;
-    Ok(next)
-}
-
-fn write_owner(file: &mut File, owner: &Owner) -> io::Result<()> {
-    file.set_len(0)?;
-    file.rewind()?;
-    file.write_all(owner.as_str().as_bytes())
 }
 
 #[async_trait]

@@ -12,10 +12,8 @@ use leasehold_core::{
 use rand::Rng;
 use tokio::time::Instant;
 
-use crate::folder::{self, Sharing};
-use crate::{
-    Count, FileBackend, NAME, Taken, blocking, bump, file_name, io_error, take, write_owner,
-};
+use crate::folder::{self, Sharing, bump, take, write_owner};
+use crate::{Count, FileBackend, NAME, Taken, blocking, file_name, io_error};
 
 /// The file backend's permit view: permit `i` of `key` is an exclusive `flock` of the slot file
 /// `<dir>/<name>~sem<i>.lock` (`<name>` as for locks).

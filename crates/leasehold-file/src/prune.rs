@@ -13,7 +13,7 @@ use std::io;
 use std::path::Path;
 
 use crate::folder::{self, Sharing};
-use crate::{identity, identity_at};
+use crate::folder::{identity, identity_at};
 
 /// What [`FileBackend::prune`](crate::FileBackend::prune) did in the folder.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
