@@ -69,7 +69,7 @@
 //!
 //! | Redis name | what |
 //! |---|---|
-//! | `leasehold:{jobs/nightly}` | the lock: a string holding the owner value, with a TTL |
+//! | `leasehold:{jobs/nightly}` | the lock: a string holding the owner value, with a TTL; followed by `~` once a waiter announced itself (see [the scripts](#the-scripts)) |
 //! | `leasehold:{jobs/nightly}:fence` | the fencing counter (single node only; never deleted unless `fence_ttl_ms` is set, so tokens don't restart while the server keeps its data) |
 //! | `leasehold:{jobs/nightly}:released:<owner>` | a waiter's own pub/sub channel: the release that chose it as the waiter to wake publishes there |
 //! | `leasehold:{jobs/nightly}:waitlist` | the wait list (sorted set: owner value → ticket, the server's time in ms when the waiter went on the list; on Redlock the client's when its wait began, the same on every node), put there by a waiting attempt that found the lock held and kept for the rest of its wait; a release takes the first live waiter off and hands it the lock, and publishes nothing while the list is empty |
@@ -85,6 +85,10 @@
 //! redis-cli SET 'leasehold:{jobs/nightly}' by-hand NX PX 30000    # take it
 //! redis-cli EVAL "if redis.call('GET',KEYS[1])==ARGV[1] then return redis.call('DEL',KEYS[1]) end return 0" 1 'leasehold:{jobs/nightly}' by-hand   # give it back
 //! ```
+//!
+//! A leasehold waiter never changes such a value: it marks only a value of leasehold's own form
+//! (40 lower-case hex digits; see [the scripts](#the-scripts)). Hold by hand with any other
+//! value, or a waiter's mark makes your compare-and-delete fail until the key's TTL.
 //!
 //! # What keys leave behind
 //!
@@ -187,10 +191,16 @@
 //! `acquire` that finds the lock free costs the same one round trip (in fair mode, a script that
 //! also yields to a line); only one that finds it held subscribes to its wake-up channel, and
 //! its waiting attempts are one script each that also announces the waiter (the `:waitlist`,
-//! or the fair line) when the lock is held, and claim a lock a release handed them. Release is
-//! compare-and-delete, or, only if some waiter is on the wait list, a hand-over to the first one
-//! still alive (the lock set to its owner value, which its next attempt claims) and a `PUBLISH`
-//! to it alone; however many wait, a release wakes one, so handing the lock on costs the same
+//! or the fair line) when the lock is held, and claim a lock a release handed them. A waiter
+//! that announces itself also **marks** the holder's value: it appends `~` to an owner value of
+//! leasehold's form (40 lower-case hex digits), never to another value. So a release learns
+//! whether anybody waits from the value it reads anyway: its first call is the bare
+//! compare-and-delete of one key and one argument, the server work of a raw lock's release
+//! (`leasehold-bench perf --groups redis-benchmark` measures the Redis CPU of a cycle against
+//! a raw one's). Only a marked value (or one that is not ours) goes on to the full release
+//! script, a round trip more: a hand-over to the first waiter still alive (the lock set to its
+//! owner value, marked again if others still wait, which its next attempt claims) and a
+//! `PUBLISH` to it alone; however many wait, a release wakes one, so handing the lock on costs the same
 //! with 64 waiters as with one (`leasehold-bench perf --groups handoff` measures it). A waiter
 //! that vanished without leaving the list (killed) costs at most one release's hand-over (the
 //! lock stays reserved for it 250 ms): the others then come by their backoff. Extend is
@@ -301,6 +311,7 @@ mod node;
 mod options;
 mod quorum;
 mod redlock;
+mod release;
 mod renew;
 mod replica;
 mod round;

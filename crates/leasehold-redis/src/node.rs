@@ -18,7 +18,7 @@ use crate::eviction;
 use crate::fence::FenceExpiry;
 use crate::keys::Names;
 use crate::scripts::{
-    ACQUIRE_FAIR, ACQUIRE_FENCED, ACQUIRE_OR_WAIT, EXTEND_MANY, EXTEND_MANY_CROSS_SLOT, RELEASE,
+    ACQUIRE_FAIR, ACQUIRE_FENCED, ACQUIRE_OR_WAIT, EXTEND_MANY, EXTEND_MANY_CROSS_SLOT, holder,
 };
 use crate::sentinel::{SentinelConn, SentinelConnector};
 
@@ -79,11 +79,6 @@ impl ConnectionLike for Conn {
         }
     }
 }
-
-/// Plain mode: how long a lock a release handed to a waiter stays reserved for it (see
-/// [`RELEASE`]). A live waiter claims it within a round trip of the wake-up; a waiter that died
-/// while listed costs the lock this long.
-pub(crate) const HANDOFF: Duration = Duration::from_millis(250);
 
 /// A Redis deployment (one server or one cluster) and our connection to it.
 pub(crate) struct Node {
@@ -308,27 +303,6 @@ impl Node {
         Ok(token.map_or(Taken::Held, |t| Taken::Granted(Some(FencingToken::new(t)))))
     }
 
-    /// Compare-and-delete, or, if some waiter announced itself, hands the lock to one waiter
-    /// (for [`HANDOFF`], in fair mode for `fair`, the grace period) and wakes it; in fair mode
-    /// also leaves the line. True if our grant was there.
-    pub(crate) async fn release(
-        &self,
-        names: &Names,
-        owner: &Owner,
-        fair: Option<Duration>,
-    ) -> Result<bool, Error> {
-        let handoff = fair.map_or(Handoff::Plain, Handoff::Fair);
-        let call = release_call(names, owner, handoff, self.is_cluster());
-        self.run_release(&call).await
-    }
-
-    /// Runs a [`release_call`]: true if our grant was there.
-    pub(crate) async fn run_release(&self, call: &Cmd) -> Result<bool, Error> {
-        self.eval::<i64>(&RELEASE, call, "release")
-            .await
-            .map(|n| n == 1)
-    }
-
     /// Compare-and-pexpire of one lock.
     pub(crate) async fn extend(
         &self,
@@ -393,7 +367,7 @@ impl Node {
             .query_async(&mut conn)
             .await
             .map_err(|e| self.error(&e, "inspect"))?;
-        Ok(owner.map(|o| (Owner::from_raw(o), remaining(pttl), fence)))
+        Ok(owner.map(|o| (Owner::from_raw(holder(&o)), remaining(pttl), fence)))
     }
 
     /// Subscribes the shared connection to a wake-up channel (RESP3 push; sharded pub/sub on a
@@ -571,7 +545,7 @@ pub(crate) fn ttl_ms(ttl: Duration) -> u64 {
 }
 
 /// `SET <lock> <owner> NX PX <ttl>`: [`Node::take`] without a token. Built once for a
-/// Redlock round and sent to every node, as [`release_call`] is.
+/// Redlock round and sent to every node, as a [`ReleaseCall`](crate::release::ReleaseCall) is.
 pub(crate) fn take_call(names: &Names, owner: &Owner, ttl: Duration) -> Cmd {
     let mut set = redis::cmd("SET");
     set.arg(names.lock())
@@ -580,49 +554,6 @@ pub(crate) fn take_call(names: &Names, owner: &Owner, ttl: Duration) -> Cmd {
         .arg("PX")
         .arg(ttl_ms(ttl));
     set
-}
-
-/// To whom a release hands the lock (see [`RELEASE`]).
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum Handoff {
-    /// Plain mode: to the first live waiter on the wait list, if any.
-    Plain,
-    /// Fair mode, the grace period a woken waiter has to claim it: to the first live waiter
-    /// in line; a release by a waiter also leaves the line.
-    Fair(Duration),
-    /// To nobody: a Redlock waiter's give-back after a round short of a quorum (the waiter
-    /// goes on waiting and keeps its place).
-    Nobody,
-}
-
-/// The script call of [`Node::release`], handing the lock on as `handoff` says, on a node
-/// that is a Redis Cluster master if `cluster`. Built once for a Redlock release and sent to
-/// every node: they are single servers, so the call is the same for each, and building it
-/// per node was a measured share of a Redlock cycle's client CPU.
-pub(crate) fn release_call(names: &Names, owner: &Owner, handoff: Handoff, cluster: bool) -> Cmd {
-    let mut cmd = evalsha(&RELEASE, 4, 4);
-    // The fair line's names only go along in fair mode (the script reads them only then).
-    if let Handoff::Fair(_) = handoff {
-        cmd.arg(names.lock())
-            .arg(names.channel())
-            .arg(names.waiters())
-            .arg(names.queue());
-    } else {
-        cmd.arg(names.lock())
-            .arg(names.channel())
-            .arg(names.wait_list())
-            .arg(names.waiters());
-    }
-    let (mode, reserved) = match handoff {
-        Handoff::Fair(grace) => ("F", grace),
-        Handoff::Nobody => ("K", HANDOFF),
-        Handoff::Plain => ("", HANDOFF),
-    };
-    cmd.arg(owner.as_str())
-        .arg(if cluster { "S" } else { "" })
-        .arg(mode)
-        .arg(ttl_ms(reserved));
-    cmd
 }
 
 /// The lock names of `key` under `prefix`.

@@ -91,7 +91,7 @@ impl ReplicaSync {
         let (holder, acked): (Option<String>, usize) =
             p.query_async(&mut conn).await.map_err(|e| fail(&e))?;
         self.pool.lock().await.push(conn);
-        if holder.as_deref() != Some(owner.as_str()) {
+        if holder.as_deref().map(crate::scripts::holder) != Some(owner.as_str()) {
             return Err(Error::new(
                 ErrorKind::Unavailable,
                 REDIS,

@@ -8,11 +8,11 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
 use leasehold_core::Owner;
-use redis::Cmd;
 use tokio::sync::Notify;
 
 use crate::keys::Names;
-use crate::node::{Handoff, Node, release_call};
+use crate::node::Node;
+use crate::release::{Handoff, ReleaseCall};
 
 /// A waiter's announcement on the nodes (for `redlock::ANNOUNCE`): its ticket, the client's clock in
 /// ms when the wait began, the same on every node and for every round of the wait. The nodes
@@ -36,9 +36,9 @@ impl Announce {
     }
 }
 
-/// Compare-and-delete on one node (`call`: a [`release_call`]), bounded; failures are logged
+/// Compare-and-delete on one node (`call`), bounded; failures are logged
 /// (the key expires by TTL).
-async fn give_back(node: &Node, call: &Cmd, bound: Duration) {
+async fn give_back(node: &Node, call: &ReleaseCall, bound: Duration) {
     match tokio::time::timeout(bound, node.run_release(call)).await {
         Ok(Ok(_)) => {}
         Ok(Err(e)) => tracing::debug!(node = %node.name, error = %e, "redlock: give-back failed"),
@@ -129,7 +129,12 @@ impl GiveBack<'_> {
         tokio::runtime::Handle::try_current().ok()?;
         let settled = Settled::new(self.may_hold.len());
         // One call for every node (Redlock nodes are single servers).
-        let call = Arc::new(release_call(self.names, self.owner, self.handoff, false));
+        let call = Arc::new(ReleaseCall::new(
+            self.names,
+            self.owner,
+            self.handoff,
+            false,
+        ));
         let bound = self.bound;
         let all: FuturesUnordered<_> = self
             .nodes

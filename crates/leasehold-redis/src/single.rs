@@ -453,7 +453,7 @@ impl LockBackend for RedisBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::node::{Handoff, release_call};
+    use crate::release::{Handoff, ReleaseCall};
     use leasehold_core::{LeaseMonitor, Owner};
     use leasehold_test_support::require_service;
     use leasehold_test_support::services::{Service, unique_prefix};
@@ -556,7 +556,7 @@ mod tests {
 
         assert!(
             !node
-                .run_release(&release_call(&names, &waiter, Handoff::Nobody, false))
+                .run_release(&ReleaseCall::new(&names, &waiter, Handoff::Nobody, false))
                 .await
                 .unwrap(),
             "not the waiter's"

@@ -358,3 +358,92 @@ async fn a_release_hands_the_lock_on_in_arrival_order() {
     }
     common::handed_on_in_arrival_order(holder, waiters, &[ep.url().to_owned()], &prefix).await;
 }
+
+/// A waiter marks a leasehold holder's value (`~` appended) when it announces itself, so that
+/// the holder's release hands the lock on; a holder nobody waits for keeps its bare value,
+/// which its release deletes as a bare compare-and-delete does. A marked lease still renews,
+/// and reads back as its owner. A by-hand holder's value is never touched: its own
+/// compare-and-delete still gives the lock back, and the waiter then takes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_marks_our_holders_value_and_never_a_by_hand_holders() {
+    let ep = require_service!(Service::Redis);
+    let prefix = common::prefix("mark");
+    let key = format!("{prefix}{{k}}");
+    let raw = redis::Client::open(ep.url()).unwrap();
+    let mut conn = raw.get_multiplexed_async_connection().await.unwrap();
+    let value = {
+        let (conn, key) = (conn.clone(), key.clone());
+        move || {
+            let (mut conn, key) = (conn.clone(), key.clone());
+            async move {
+                let v: Option<String> = redis::cmd("GET")
+                    .arg(&key)
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+                v
+            }
+        }
+    };
+    let ttl = Duration::from_millis(900);
+    let renewed = leasehold_test_support::harness::locker(
+        common::redis(ep.url(), &prefix).await,
+        ttl,
+        leasehold_core::Renewal::Auto,
+    );
+    let lease = renewed.try_acquire("k").await.unwrap().expect("free");
+    let owner = lease.owner().as_str().to_owned();
+    assert_eq!(value().await.as_deref(), Some(owner.as_str()));
+
+    let waiter = slow_polling(ep.url(), &prefix).await;
+    let w = tokio::spawn(async move { waiter.acquire("k", Duration::from_secs(30)).await });
+    common::until_waiting(&[ep.url().to_owned()], &prefix, 1).await;
+    assert_eq!(value().await, Some(format!("{owner}~")), "not marked");
+    // Renewed past three TTLs with the mark on, and read back as its owner.
+    tokio::time::sleep(ttl * 3).await;
+    assert!(!lease.is_lost(), "the marked lease was not renewed");
+    let info = renewed.inspect("k").await.unwrap().expect("held");
+    assert_eq!(info.owner.as_ref(), Some(lease.owner()));
+    // Marked: the release hands the lock to the waiter and wakes it (it polls every 30 s).
+    assert!(lease.release().await.unwrap());
+    let handed = tokio::time::timeout(Duration::from_secs(5), w)
+        .await
+        .expect("the waiter was not woken")
+        .unwrap()
+        .unwrap();
+    // Nobody else waits: the new holder's value is bare, and its release deletes it.
+    assert_eq!(value().await.as_deref(), Some(handed.owner().as_str()));
+    assert!(handed.release().await.unwrap());
+    assert_eq!(value().await, None);
+
+    // By hand, with a value a waiter must not touch.
+    let set: Option<String> = redis::cmd("SET")
+        .arg(&key)
+        .arg("by-hand")
+        .arg("NX")
+        .arg("PX")
+        .arg(30_000)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(set.as_deref(), Some("OK"));
+    let polling = common::locker(common::redis(ep.url(), &prefix).await);
+    let w = tokio::spawn(async move { polling.acquire("k", Duration::from_secs(30)).await });
+    common::until_waiting(&[ep.url().to_owned()], &prefix, 1).await;
+    assert_eq!(value().await.as_deref(), Some("by-hand"));
+    let deleted: i64 = redis::Script::new(
+        "if redis.call('GET',KEYS[1])==ARGV[1] then return redis.call('DEL',KEYS[1]) end return 0",
+    )
+    .key(&key)
+    .arg("by-hand")
+    .invoke_async(&mut conn)
+    .await
+    .unwrap();
+    assert_eq!(deleted, 1, "the by-hand release failed");
+    let got = tokio::time::timeout(Duration::from_secs(5), w)
+        .await
+        .expect("the waiter did not take the lock given back by hand")
+        .unwrap()
+        .unwrap();
+    assert!(got.release().await.unwrap());
+}
