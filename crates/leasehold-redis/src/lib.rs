@@ -200,11 +200,12 @@
 //! a raw one's). Only a marked value (or one that is not ours) goes on to the full release
 //! script, a round trip more: a hand-over to the first waiter still alive (the lock set to its
 //! owner value, marked again if others still wait, which its next attempt claims) and a
-//! `PUBLISH` to it alone; however many wait, a release wakes one, so handing the lock on costs the same
-//! with 64 waiters as with one (`leasehold-bench perf --groups handoff` measures it). A waiter
-//! that vanished without leaving the list (killed) costs at most one release's hand-over (the
-//! lock stays reserved for it 250 ms): the others then come by their backoff. Extend is
-//! compare-and-`PEXPIRE`. Scripts run by SHA and are reloaded on `NOSCRIPT`.
+//! `PUBLISH` to it alone; however many wait, a release wakes one, so handing the lock on costs
+//! the same with 64 waiters as with one (`leasehold-bench perf --groups handoff` measures it).
+//! A waiter that vanished without leaving the list (killed) costs at most one release's
+//! hand-over (the lock stays reserved for it 250 ms): the others then come by their backoff.
+//! Extend is compare-and-`PEXPIRE` (a marked value counts as the holder's). Scripts run by SHA
+//! and are reloaded on `NOSCRIPT`.
 //! All leases of one backend share one multiplexed, auto-reconnecting connection per server.
 //!
 //! # Renewal in batches

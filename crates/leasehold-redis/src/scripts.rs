@@ -47,9 +47,10 @@ end";
 /// re-armed for our TTL, with the next fencing token. Else drops waiters at the head of the
 /// line that stopped asking; grants a free lock (and the next token) only if nobody is ahead
 /// of us in line, marked (`~`) if others are behind; else, when asked, joins the line or
-/// refreshes our place, and marks the holder's value ([`MARK_HOLDER`]). Time is the server's (`TIME`), never a
-/// client clock. The uncontended path never runs this script: a try is a plain `SET NX`, which
-/// cannot jump the line because a release hands the lock to the head instead of freeing it.
+/// refreshes our place, and marks the holder's value ([`MARK_HOLDER`]). Time is the server's
+/// (`TIME`), never a client clock. The uncontended path never runs this script: a try is a
+/// plain `SET NX`, which cannot jump the line because a release hands the lock to the head
+/// instead of freeing it.
 pub(crate) static ACQUIRE_FAIR: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         "{NEXT_TOKEN_FN}
@@ -189,12 +190,11 @@ return 0
 /// the wait list still alive (taken off the list; it goes back on, to its place, if it loses
 /// the lock after all, as a Redlock waiter can). Handing means setting the lock to that
 /// waiter's owner value (marked if others still wait) for `ARGV[4]`, in which the waiter claims
-/// it ([`ACQUIRE_FAIR`],
-/// [`ACQUIRE_OR_WAIT`]) and nobody else can take it: not even the releaser, asking again at
-/// once, jumps ahead of the waiter it woke. A waiter that does not claim it in time (it died)
-/// leaves the lock to expire, and the others then come by their backoff. With no waiter the
-/// lock is deleted and nothing is published. One waiter per release: no herd of attempts,
-/// however many wait. 1 if it held our value, else 0.
+/// it ([`ACQUIRE_FAIR`], [`ACQUIRE_OR_WAIT`]) and nobody else can take it: not even the
+/// releaser, asking again at once, jumps ahead of the waiter it woke. A waiter that does not
+/// claim it in time (it died) leaves the lock to expire, and the others then come by their
+/// backoff. With no waiter the lock is deleted and nothing is published. One waiter per
+/// release: no herd of attempts, however many wait. 1 if it held our value, else 0.
 ///
 /// The message is best effort (`redis.pcall`): an ACL that refuses the channel must not fail
 /// a release whose hand-over is already written (a script's writes stay when it fails); the
