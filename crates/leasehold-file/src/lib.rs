@@ -91,8 +91,8 @@
 //! # Many leases in one process
 //!
 //! Every lock and permit held keeps its lock file open: one descriptor each, so the process's
-//! open-file limit (`ulimit -n`; often 1,024 by default, less the files the process has open
-//! for other work) bounds how many it can hold at once. Past it an acquisition fails with
+//! open-file limit (`ulimit -n`, the soft limit, less the files the process has open for other
+//! work) bounds how many it can hold at once. Past it an acquisition fails with
 //! [`ErrorKind::Unavailable`] and a message naming that limit; the leases already held are not
 //! affected, and each one released frees a descriptor for the next. Raise the limit for a
 //! process that holds thousands (`LimitNOFILE=` in a systemd unit). While held, each lease is

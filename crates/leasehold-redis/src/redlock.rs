@@ -255,7 +255,7 @@ impl RedlockBackend {
     /// the fan-out task) after a wait that ended without the lock: no release should spend its
     /// one wake-up on it. Best effort: an entry left behind expires with the announcement.
     fn leave_wait_lists(&self, names: Names, owner: Owner) {
-        let call = Arc::new(ReleaseCall::new(&names, &owner, Handoff::Plain, false));
+        let call = Arc::new(ReleaseCall::new(names, &owner, Handoff::Plain, false));
         let bound = Duration::from_secs(1);
         drop(self.spawn_all(bound, bound, |node| {
             let call = Arc::clone(&call);
@@ -458,7 +458,7 @@ impl LockBackend for RedlockBackend {
     async fn release(&self, held: Held<'_>) -> Result<bool, Error> {
         let names = names(&self.inner.config.prefix, held.key);
         // One call for every node (Redlock nodes are single servers).
-        let call = Arc::new(ReleaseCall::new(&names, held.owner, Handoff::Plain, false));
+        let call = Arc::new(ReleaseCall::new(names, held.owner, Handoff::Plain, false));
         // Releases are not bounded by the acquisition TTL (unknown here): a generous bound.
         let bound = Duration::from_secs(10);
         let per_node = self.patient_timeout(bound);

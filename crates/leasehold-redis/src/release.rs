@@ -52,14 +52,14 @@ pub(crate) struct ReleaseCall {
 }
 
 impl ReleaseCall {
-    /// The release of `owner`'s grant of `names`, on a node that is a Redis Cluster master if
-    /// `cluster`.
-    pub(crate) fn new(names: &Names, owner: &Owner, handoff: Handoff, cluster: bool) -> Self {
+    /// The release of `owner`'s grant of `names` (kept for the full call: taken, not copied, as
+    /// every release builds one), on a node that is a Redis Cluster master if `cluster`.
+    pub(crate) fn new(names: Names, owner: &Owner, handoff: Handoff, cluster: bool) -> Self {
         let mut fast = evalsha(&RELEASE_FAST, 1, 1);
         fast.arg(names.lock()).arg(owner.as_str());
         Self {
             fast,
-            names: names.clone(),
+            names,
             owner: owner.clone(),
             handoff,
             cluster,
@@ -105,7 +105,7 @@ impl Node {
     /// also leaves the line. True if our grant was there.
     pub(crate) async fn release(
         &self,
-        names: &Names,
+        names: Names,
         owner: &Owner,
         fair: Option<Duration>,
     ) -> Result<bool, Error> {

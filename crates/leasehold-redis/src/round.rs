@@ -130,7 +130,7 @@ impl GiveBack<'_> {
         let settled = Settled::new(self.may_hold.len());
         // One call for every node (Redlock nodes are single servers).
         let call = Arc::new(ReleaseCall::new(
-            self.names,
+            self.names.clone(),
             self.owner,
             self.handoff,
             false,

@@ -232,7 +232,7 @@ impl RedisBackend {
         let fair = self.inner.config.fair;
         let (node, names, owner) = (Arc::clone(&self.inner.node), self.names(key), owner.clone());
         leasehold_core::spawn_detached(async move {
-            if let Err(e) = node.release(&names, &owner, fair).await {
+            if let Err(e) = node.release(names, &owner, fair).await {
                 tracing::debug!(error = %e, "leasehold-redis: giving a grant back failed");
             }
         });
@@ -401,7 +401,7 @@ impl LockBackend for RedisBackend {
         let names = self.names(held.key);
         self.inner
             .node
-            .release(&names, held.owner, self.inner.config.fair)
+            .release(names, held.owner, self.inner.config.fair)
             .await
     }
 
@@ -556,7 +556,12 @@ mod tests {
 
         assert!(
             !node
-                .run_release(&ReleaseCall::new(&names, &waiter, Handoff::Nobody, false))
+                .run_release(&ReleaseCall::new(
+                    names.clone(),
+                    &waiter,
+                    Handoff::Nobody,
+                    false
+                ))
                 .await
                 .unwrap(),
             "not the waiter's"
@@ -566,7 +571,7 @@ mod tests {
             "the give-back took the waiter off the wait list"
         );
         // The holder's release hands the lock to the waiter still listed.
-        assert!(node.release(&names, &holder, None).await.unwrap());
+        assert!(node.release(names.clone(), &holder, None).await.unwrap());
         let mut c = node.conn().await.unwrap();
         let value: Option<String> = redis::cmd("GET")
             .arg(names.lock())
@@ -586,11 +591,11 @@ mod tests {
         let waited = node.take_or_wait(&names, &other, ttl, None, announce, Some(8));
         assert!(matches!(waited.await.unwrap(), Taken::Held));
         assert!(listed(&other).await);
-        assert!(!node.release(&names, &other, None).await.unwrap());
+        assert!(!node.release(names.clone(), &other, None).await.unwrap());
         assert!(
             !listed(&other).await,
             "a waiter that gave up is still listed"
         );
-        assert!(node.release(&names, &waiter, None).await.unwrap());
+        assert!(node.release(names.clone(), &waiter, None).await.unwrap());
     }
 }

@@ -371,18 +371,13 @@ async fn a_waiter_marks_our_holders_value_and_never_a_by_hand_holders() {
     let key = format!("{prefix}{{k}}");
     let raw = redis::Client::open(ep.url()).unwrap();
     let mut conn = raw.get_multiplexed_async_connection().await.unwrap();
-    let value = {
-        let (conn, key) = (conn.clone(), key.clone());
-        move || {
-            let (mut conn, key) = (conn.clone(), key.clone());
-            async move {
-                let v: Option<String> = redis::cmd("GET")
-                    .arg(&key)
-                    .query_async(&mut conn)
-                    .await
-                    .unwrap();
-                v
-            }
+    let c = conn.clone();
+    let value = || {
+        let (mut c, key) = (c.clone(), key.clone());
+        async move {
+            redis::AsyncCommands::get::<_, Option<String>>(&mut c, &key)
+                .await
+                .unwrap()
         }
     };
     let ttl = Duration::from_millis(900);
