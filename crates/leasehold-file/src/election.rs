@@ -59,10 +59,6 @@ impl FileLeaders {
     }
 }
 
-fn failed(what: &str, e: &io::Error) -> Error {
-    Error::new(ErrorKind::Backend, crate::NAME, format!("{what}: {e}"))
-}
-
 #[async_trait]
 impl LeaderStore for FileLeaders {
     async fn publish(&self, key: &LockKey, owner: &Owner, value: &Candidate) -> Result<(), Error> {
@@ -77,12 +73,12 @@ impl LeaderStore for FileLeaders {
         })
         .await
         .map_err(|e| Error::new(ErrorKind::Backend, crate::NAME, e.to_string()))?;
-        written.map_err(|e| failed("writing the leader file", &e))
+        written.map_err(|e| crate::io_error("writing the leader file", &(self.path)(key), &e))
     }
 
     async fn read(&self, key: &LockKey) -> Result<Option<(Owner, Candidate)>, Error> {
         self.read_now(key)
-            .map_err(|e| failed("reading the leader file", &e))
+            .map_err(|e| crate::io_error("reading the leader file", &(self.path)(key), &e))
     }
 
     async fn clear(&self, key: &LockKey, owner: &Owner) -> Result<(), Error> {
@@ -90,8 +86,9 @@ impl LeaderStore for FileLeaders {
         if let Some((o, _)) = self.read(key).await?
             && o == *owner
         {
-            std::fs::remove_file((self.path)(key))
-                .map_err(|e| failed("removing the leader file", &e))?;
+            let path = (self.path)(key);
+            std::fs::remove_file(&path)
+                .map_err(|e| crate::io_error("removing the leader file", &path, &e))?;
         }
         Ok(())
     }

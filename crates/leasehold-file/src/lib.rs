@@ -622,9 +622,10 @@ impl LockBackend for FileBackend {
             if !owner.is_empty() {
                 info = info.with_owner(Owner::from_raw(owner));
             }
-            if let Ok(Some(mut f)) = folder::open_read(&fence, sharing)
-                && let Ok(t) = folder::read_bounded(&mut f)
-                && let Ok(t) = t.trim().parse()
+            // A counter that cannot be opened or read is an error (at the open-file limit it
+            // used to pass for a holder without a token); one that does not parse is no token.
+            if let Some(mut f) = folder::open_read(&fence, sharing)?
+                && let Ok(t) = folder::read_bounded(&mut f)?.trim().parse()
             {
                 info = info.with_fencing(FencingToken::new(t));
             }

@@ -7,7 +7,9 @@
 
 mod common;
 
-use leasehold_core::{ErrorKind, Locker, Semaphore};
+use std::sync::Arc;
+
+use leasehold_core::{Candidate, Elector, ErrorKind, LockOptions, Locker, Semaphore};
 use leasehold_file::{FileBackend, FileConfig};
 use nix::sys::resource::{Resource, getrlimit, setrlimit};
 
@@ -18,12 +20,36 @@ fn open_now() -> u64 {
     std::fs::read_dir("/proc/self/fd").unwrap().count() as u64
 }
 
+/// The open-file limit at which exactly `spare` more descriptors can be opened. The limit
+/// bounds descriptor numbers, not their count, so the free numbers below it are what count.
+fn limit_leaving(spare: usize) -> u64 {
+    let listing = std::fs::read_dir("/proc/self/fd").unwrap();
+    let open: std::collections::BTreeSet<u64> = listing
+        .filter_map(|e| {
+            let e = e.unwrap();
+            // Not the listing's own descriptor (it points at the folder being listed).
+            let target = std::fs::read_link(e.path()).ok()?;
+            (!target.ends_with("fd")).then(|| e.file_name().to_str()?.parse().ok())?
+        })
+        .collect();
+    (0..).filter(|n| !open.contains(n)).nth(spare).unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn at_the_open_file_limit_acquisitions_fail_clearly_and_held_leases_stay() {
     let dir = fresh("open-files");
     let backend = FileBackend::new(FileConfig::new(&dir)).unwrap();
     let locker = Locker::new(backend.clone());
     let sem = Semaphore::new(backend.clone(), 4).unwrap();
+    // A leader elected before the limit: reading its side file needs a descriptor.
+    let elector = Elector::new(
+        Arc::new(backend.clone()),
+        "leader",
+        Candidate::new("node-a").unwrap(),
+        LockOptions::default(),
+    )
+    .unwrap();
+    let leadership = elector.campaign().await.unwrap();
     // A few leases first, so that the runtime's blocking threads exist before the limit.
     let mut held = Vec::new();
     for i in 0..4 {
@@ -53,6 +79,26 @@ async fn at_the_open_file_limit_acquisitions_fail_clearly_and_held_leases_stay()
     let permit = sem.try_acquire("slots").await.unwrap_err();
     assert_eq!(permit.kind(), ErrorKind::Unavailable, "{permit}");
     assert!(permit.to_string().contains("open-file limit"), "{permit}");
+    // So does reading an election's leader, whether no descriptor is left (the lock file
+    // cannot be opened) or one is (its fence counter cannot): reading the leader holds both
+    // open at once. With two it reads the leader. The leadership itself stays throughout.
+    setrlimit(Resource::RLIMIT_NOFILE, hard, hard).unwrap();
+    let limits: Vec<u64> = (0..3).map(limit_leaving).collect();
+    for (spare, &limit) in limits[..2].iter().enumerate() {
+        setrlimit(Resource::RLIMIT_NOFILE, limit, hard).unwrap();
+        let leader = elector.leader().await.unwrap_err();
+        assert_eq!(leader.kind(), ErrorKind::Unavailable, "{spare}: {leader}");
+        assert!(
+            leader.to_string().contains("open-file limit"),
+            "{spare}: {leader}"
+        );
+    }
+    setrlimit(Resource::RLIMIT_NOFILE, limits[2], hard).unwrap();
+    let seen = elector.leader().await.unwrap().expect("a leader");
+    assert_eq!(seen.value.as_str(), "node-a");
+    // Back to where the refused acquisition left us: one descriptor spare, one short of the
+    // lock file and fence counter an acquisition holds open at once.
+    setrlimit(Resource::RLIMIT_NOFILE, limits[1], hard).unwrap();
 
     // Nothing held was touched: every lease is still held and counted.
     tokio::time::sleep(std::time::Duration::from_millis(1_500)).await;
@@ -72,6 +118,8 @@ async fn at_the_open_file_limit_acquisitions_fail_clearly_and_held_leases_stay()
         assert!(lease.release().await.unwrap());
     }
     setrlimit(Resource::RLIMIT_NOFILE, soft, hard).unwrap();
+    assert!(!leadership.is_lost());
+    leadership.resign().await.unwrap();
     assert_eq!(backend.held_count(), 0);
     std::fs::remove_dir_all(&dir).unwrap();
 }
