@@ -212,14 +212,17 @@ async fn prefer_falls_back_to_plaintext_when_the_server_has_no_tls() -> Result<(
         bouncer.url(),
         "sslmode=prefer&allow_plaintext_password=false",
     );
-    let store =
-        PostgresFenceStore::connect(&url, &unique_prefix("pg_prefer").replace('-', "_")).await?;
+    let table = unique_prefix("pg_prefer").replace('-', "_");
+    let store = PostgresFenceStore::connect(&url, &table).await?;
     let token = leasehold_core::FencingToken::new(3);
     assert_eq!(
         leasehold_core::FenceStore::admit(&store, "r", token).await?,
         leasehold_core::Admission::Accepted
     );
     assert!(!logs.text().contains("in clear"), "{}", logs.text());
+    drop(store);
+    let admin = common::admin(&common::url_with(bouncer.url(), "sslmode=disable")).await?;
+    admin.batch_execute(&format!("DROP TABLE {table}")).await?;
     // `require` does not fall back.
     let err = PostgresFenceStore::connect(&common::url_with(bouncer.url(), "sslmode=require"), "t")
         .await
@@ -242,8 +245,10 @@ async fn the_fence_store_uses_tls() -> Result<(), common::BoxError> {
         let app = unique_prefix("pg-tls-fence");
         let url = common::url_with(pg.url(), &format!("application_name={app}&{params}"));
         let table = app.replace('-', "_");
-        let _store = PostgresFenceStore::connect(&url, &table).await?;
+        let store = PostgresFenceStore::connect(&url, &table).await?;
         assert!(sessions_use_tls(&admin, &app).await?, "{params}: not TLS");
+        drop(store);
+        admin.batch_execute(&format!("DROP TABLE {table}")).await?;
     }
     Ok(())
 }
