@@ -130,10 +130,9 @@ thread_local! {
 ///
 /// Each read is tagged with the id of the process that made it, and every draw checks it: a
 /// child forked from a process with bytes still unused reads afresh before its first owner, so
-/// parent and child never hand out the same value. That check is a `getpid` call, which
-/// costs most of what is left: on the 2-vCPU development machine an owner took 394 ns with a
-/// `getrandom` call of its own and takes 235–245 ns now (2 million owners in a loop, release
-/// build).
+/// parent and child never hand out the same value. That check is a `getpid` call: cheaper
+/// than a `getrandom` call of 20 bytes, and most of what an owner costs now (the figures are in
+/// the commit that brought this in).
 #[derive(Clone)]
 struct Entropy {
     /// The process that read `bytes`; 0 (no process's id) before the first read.
