@@ -104,7 +104,7 @@ impl EtcdBackend {
                 .collect();
         }
         let timeout = config.connect_timeout + config.request_timeout;
-        let client = with_timeout(timeout, "connect", || {
+        let client = with_timeout(timeout, "connect", None, || {
             Client::connect(endpoints.clone(), Some(opts.clone()))
         })
         .await
@@ -116,13 +116,19 @@ impl EtcdBackend {
         // to the prefix shows here, not at the first lock (etcd grants leases to anyone).
         let kv = backend.inner.client.kv_client();
         let prefix = backend.inner.config.prefix.clone();
-        with_timeout(backend.inner.config.request_timeout, "probe", || {
-            let (mut kv, prefix) = (kv.clone(), prefix.clone());
-            async move {
-                kv.get(prefix, Some(GetOptions::new().with_count_only()))
-                    .await
-            }
-        })
+        let reauth = Some(&backend.inner.reauth);
+        with_timeout(
+            backend.inner.config.request_timeout,
+            "probe",
+            reauth,
+            || {
+                let (mut kv, prefix) = (kv.clone(), prefix.clone());
+                async move {
+                    kv.get(prefix, Some(GetOptions::new().with_count_only()))
+                        .await
+                }
+            },
+        )
         .await
         .map_err(|e| e.into_core("reaching etcd"))?;
         if backend.inner.config.lease_mode == LeaseMode::Session {

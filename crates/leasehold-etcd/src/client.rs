@@ -13,7 +13,7 @@ use leasehold_core::{Backoff, Error, ErrorKind, FencingToken, ReleaseGate};
 
 use crate::NAME;
 use crate::config::EtcdConfig;
-use crate::error::{EtcdError, with_timeout};
+use crate::error::{EtcdError, Reauth, with_timeout};
 use crate::local::LocalTable;
 use crate::session::{Session, lease_secs};
 
@@ -32,12 +32,15 @@ pub(crate) struct Inner {
     /// hold: stored once per held lock.
     pub(crate) local: Arc<LocalTable>,
     pub(crate) releases: ReleaseGate,
+    /// Renews the client's token after a change to the cluster's users or roles.
+    pub(crate) reauth: Reauth,
 }
 
 impl Inner {
     pub(crate) fn new(client: Client, config: EtcdConfig) -> Self {
         let releases = ReleaseGate::new(config.releases_in_flight);
         Self {
+            reauth: Reauth::new(client.clone()),
             client,
             config,
             sessions: tokio::sync::Mutex::new(HashMap::new()),
@@ -102,10 +105,15 @@ impl Inner {
 
     pub(crate) async fn txn(&self, what: &'static str, txn: Txn) -> Result<TxnResponse, EtcdError> {
         let kv = self.client.kv_client();
-        with_timeout(self.config.request_timeout, what, || {
-            let (mut kv, txn) = (kv.clone(), txn.clone());
-            async move { kv.txn(txn).await }
-        })
+        with_timeout(
+            self.config.request_timeout,
+            what,
+            Some(&self.reauth),
+            || {
+                let (mut kv, txn) = (kv.clone(), txn.clone());
+                async move { kv.txn(txn).await }
+            },
+        )
         .await
     }
 
@@ -116,10 +124,15 @@ impl Inner {
         opts: Option<GetOptions>,
     ) -> Result<GetResponse, EtcdError> {
         let kv = self.client.kv_client();
-        with_timeout(self.config.request_timeout, what, || {
-            let (mut kv, key, opts) = (kv.clone(), key.clone(), opts.clone());
-            async move { kv.get(key, opts).await }
-        })
+        with_timeout(
+            self.config.request_timeout,
+            what,
+            Some(&self.reauth),
+            || {
+                let (mut kv, key, opts) = (kv.clone(), key.clone(), opts.clone());
+                async move { kv.get(key, opts).await }
+            },
+        )
         .await
     }
 

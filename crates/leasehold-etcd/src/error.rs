@@ -3,8 +3,10 @@
 
 use std::fmt;
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use etcd_client::Client;
 use leasehold_core::{Error, ErrorKind};
 use tokio::time::Instant;
 
@@ -44,6 +46,9 @@ impl EtcdError {
             Self::Timeout(..) => ErrorKind::Unavailable,
             Self::Protocol(_) => ErrorKind::Backend,
             Self::Client(e) if is_auth_refusal(e) => ErrorKind::InvalidConfig,
+            // Left after one renewal (the users or roles changed again meanwhile): the next
+            // try renews again.
+            Self::Client(e) if is_old_auth_revision(e) => ErrorKind::Unavailable,
             Self::Client(e) => match e {
                 etcd_client::Error::GRpcStatus(s) => match i32::from(s.code()) {
                     // permission denied, unauthenticated
@@ -83,6 +88,57 @@ fn is_auth_refusal(e: &etcd_client::Error) -> bool {
     }
 }
 
+/// What etcd answers a request whose token was issued before the last change to the cluster's
+/// users or roles (its `ErrAuthOldRevision`). The permission check refused the request before
+/// it was applied, so renewing the token and sending it again is safe.
+const OLD_AUTH_REVISION: &str = "etcdserver: revision of auth store is old";
+
+fn is_old_auth_revision(e: &etcd_client::Error) -> bool {
+    matches!(e, etcd_client::Error::GRpcStatus(s) if s.message().contains(OLD_AUTH_REVISION))
+}
+
+/// Renews a client's token when etcd refuses it as older than the last change to the cluster's
+/// users or roles. etcd-client renews a token only when etcd calls it invalid; with this
+/// refusal every request (releases too) failed until the token expired, and a token in use
+/// does not expire. One renewal per change, however many requests find the token stale at
+/// once (a burst of releases must not become a burst of authentications, each a write in
+/// etcd's log).
+pub(crate) struct Reauth {
+    client: Client,
+    /// How many times the token was renewed here: a request that saw the token before a
+    /// renewal just goes again with the new one.
+    renewals: AtomicU64,
+    renewing: tokio::sync::Mutex<()>,
+}
+
+impl Reauth {
+    pub(crate) fn new(client: Client) -> Self {
+        Self {
+            client,
+            renewals: AtomicU64::new(0),
+            renewing: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    fn seen(&self) -> u64 {
+        self.renewals.load(Ordering::Acquire)
+    }
+
+    /// Authenticates again, unless another request did since it saw renewal `seen`.
+    async fn renew(&self, seen: u64) -> Result<(), etcd_client::Error> {
+        let _one = self.renewing.lock().await;
+        if self.seen() != seen {
+            return Ok(());
+        }
+        self.client.refresh_token().await?;
+        self.renewals.fetch_add(1, Ordering::Release);
+        tracing::debug!(
+            "leasehold.etcd: token renewed after a change to the cluster's users or roles"
+        );
+        Ok(())
+    }
+}
+
 impl From<etcd_client::Error> for EtcdError {
     fn from(e: etcd_client::Error) -> Self {
         Self::Client(e)
@@ -91,11 +147,13 @@ impl From<etcd_client::Error> for EtcdError {
 
 /// Runs one etcd request with a time limit, trying again while it fails *without having been
 /// sent* (the client's balancer picked a member it cannot connect to: a stopped member, or one
-/// whose connection broke and has not been re-established yet). A request that may have been
-/// sent is never repeated here.
+/// whose connection broke and has not been re-established yet), and once after renewing the
+/// token with `reauth` if etcd refused it as older than its users and roles. A request that
+/// may have been applied is never repeated here.
 pub(crate) async fn with_timeout<T, F, Fut>(
     limit: Duration,
     what: &'static str,
+    reauth: Option<&Reauth>,
     mut request: F,
 ) -> Result<T, EtcdError>
 where
@@ -104,13 +162,27 @@ where
 {
     let deadline = Instant::now() + limit;
     let mut delay = Duration::from_millis(10);
+    let mut renewed = false;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
+        let seen = reauth.map(Reauth::seen);
         match tokio::time::timeout(left, request()).await {
             Ok(Err(e)) if is_unsent(&e) && Instant::now() + delay < deadline => {
                 tracing::trace!(error = %e, what, "leasehold.etcd: request not sent; retrying");
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(Duration::from_millis(250));
+            }
+            Ok(Err(e)) if !renewed && is_old_auth_revision(&e) => {
+                let (Some(reauth), Some(seen)) = (reauth, seen) else {
+                    return Err(EtcdError::Client(e));
+                };
+                renewed = true;
+                let left = deadline.saturating_duration_since(Instant::now());
+                match tokio::time::timeout(left, reauth.renew(seen)).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => return Err(EtcdError::Client(e)),
+                    Err(_) => return Err(EtcdError::Timeout(what, limit)),
+                }
             }
             Ok(r) => return r.map_err(EtcdError::Client),
             Err(_) => return Err(EtcdError::Timeout(what, limit)),

@@ -169,10 +169,15 @@ async fn lease_remaining(inner: &Inner, id: i64) -> Option<Duration> {
         return None;
     }
     let lease = inner.client.lease_client();
-    let ttl = with_timeout(inner.config.request_timeout, "lease ttl", || {
-        let mut lease = lease.clone();
-        async move { lease.time_to_live(id, None).await }
-    })
+    let ttl = with_timeout(
+        inner.config.request_timeout,
+        "lease ttl",
+        Some(&inner.reauth),
+        || {
+            let mut lease = lease.clone();
+            async move { lease.time_to_live(id, None).await }
+        },
+    )
     .await
     .ok()?;
     crate::session::granted_ttl(ttl.ttl()).ok()

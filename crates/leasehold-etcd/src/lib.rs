@@ -169,6 +169,15 @@
 //! see [`EtcdConfig::from_url`]. `etcds://` uses TLS through rustls and needs the crate
 //! feature `tls`. Passwords never appear in `Debug` output or error messages.
 //!
+//! With a user, the backend authenticates again when etcd refuses its token: when etcd calls
+//! it invalid or expired, and when etcd says it was issued before the last change to the
+//! cluster's users or roles ("revision of auth store is old"). A JWT token goes stale that
+//! way after any such change. With simple tokens, a request that crosses such a change in
+//! flight is refused the same way. A request refused like this was not applied, and goes
+//! again once with the new token. However many requests find the token stale at once, they
+//! trigger one authentication. Should it still be refused (the users changed again meanwhile),
+//! the error is `Unavailable`, so retryable, and releases retry it.
+//!
 //! A `user:password` sent to an endpoint that is not loopback over plain gRPC (`etcd://`)
 //! crosses the network in clear: connecting logs a `warn!` (target `leasehold.plaintext`), or
 //! fails with `allow_plaintext_password=false` (see [`leasehold_core::transport`]). Use

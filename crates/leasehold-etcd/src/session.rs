@@ -107,7 +107,7 @@ impl Session {
     ) -> Result<Arc<Self>, EtcdError> {
         let secs = lease_secs(ttl);
         let sent = Instant::now();
-        let resp = with_timeout(timeout, "lease grant", || {
+        let resp = with_timeout(timeout, "lease grant", None, || {
             let mut lease = lease.clone();
             async move { lease.grant(secs, None).await }
         })
@@ -297,7 +297,7 @@ pub(crate) fn spawn_revoke(lease: LeaseClient, id: i64) {
     };
     drop(rt.spawn(async move {
         for attempt in 0..3u32 {
-            let revoke = with_timeout(Duration::from_secs(3), "lease revoke", || {
+            let revoke = with_timeout(Duration::from_secs(3), "lease revoke", None, || {
                 let mut lease = lease.clone();
                 async move { lease.revoke(id).await }
             });

@@ -362,3 +362,33 @@ async fn a_user_limited_to_its_prefix_locks_counts_permits_and_elects() {
         std::panic::resume_unwind(e.into_panic());
     }
 }
+
+/// A change to the cluster's users or roles makes etcd refuse every token issued before it
+/// ("revision of auth store is old"), and etcd-client renews a token only when etcd calls it
+/// invalid. A lease taken before the change still releases, and the backend acquires again
+/// after a second change: each request that meets a stale token renews it and goes again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_to_users_or_roles_does_not_fail_a_release_or_an_acquisition() {
+    let endpoints = require_service!(Service::EtcdSecure);
+    let s = secure(&endpoints);
+    let tag = leasehold_test_support::services::unique_prefix("etcd-authrev");
+    let prefix = format!("{tag}/");
+    let role = format!("{tag}-role");
+    let l = locker(
+        connect(&url(&s, &s.password, Some(&s.ca), &prefix))
+            .await
+            .unwrap(),
+    );
+    let lease = l.try_acquire("k").await.unwrap().expect("free");
+    let token = lease.fencing_token().unwrap();
+
+    etcdctl(&s, &["role", "add", &role]).await;
+    let released = lease.release().await;
+    etcdctl(&s, &["role", "delete", &role]).await;
+    assert!(released.unwrap(), "release found no grant");
+
+    let next = l.try_acquire("k").await.unwrap().expect("free again");
+    assert!(next.fencing_token().unwrap() > token);
+    assert!(next.release().await.unwrap());
+    assert_eq!(etcdctl_keys(&s, &prefix).await, Vec::<String>::new());
+}
