@@ -46,8 +46,8 @@ impl EtcdError {
             Self::Timeout(..) => ErrorKind::Unavailable,
             Self::Protocol(_) => ErrorKind::Backend,
             Self::Client(e) if is_auth_refusal(e) => ErrorKind::InvalidConfig,
-            // Left after one renewal (the users or roles changed again meanwhile): the next
-            // try renews again.
+            // Left after every renewal (the users or roles kept changing): the next try
+            // renews again.
             Self::Client(e) if is_old_auth_revision(e) => ErrorKind::Unavailable,
             Self::Client(e) => match e {
                 etcd_client::Error::GRpcStatus(s) => match i32::from(s.code()) {
@@ -92,6 +92,12 @@ fn is_auth_refusal(e: &etcd_client::Error) -> bool {
 /// users or roles (its `ErrAuthOldRevision`). The permission check refused the request before
 /// it was applied, so renewing the token and sending it again is safe.
 const OLD_AUTH_REVISION: &str = "etcdserver: revision of auth store is old";
+
+/// How many times one request renews the token and goes again before it reports the refusal
+/// (as `Unavailable`). More than one: with JWT tokens every change to the users or roles
+/// refuses every older token, and a burst of changes (an operator's script, a test suite
+/// creating users) can land between a renewal and the request sent with it.
+const RENEWALS: u32 = 8;
 
 fn is_old_auth_revision(e: &etcd_client::Error) -> bool {
     matches!(e, etcd_client::Error::GRpcStatus(s) if s.message().contains(OLD_AUTH_REVISION))
@@ -147,9 +153,10 @@ impl From<etcd_client::Error> for EtcdError {
 
 /// Runs one etcd request with a time limit, trying again while it fails *without having been
 /// sent* (the client's balancer picked a member it cannot connect to: a stopped member, or one
-/// whose connection broke and has not been re-established yet), and once after renewing the
-/// token with `reauth` if etcd refused it as older than its users and roles. A request that
-/// may have been applied is never repeated here.
+/// whose connection broke and has not been re-established yet), and after renewing the token
+/// with `reauth` each time etcd refuses it as older than its users and roles (at most
+/// [`RENEWALS`] times: each refusal means they changed again since the last renewal). A
+/// request that may have been applied is never repeated here.
 pub(crate) async fn with_timeout<T, F, Fut>(
     limit: Duration,
     what: &'static str,
@@ -162,7 +169,7 @@ where
 {
     let deadline = Instant::now() + limit;
     let mut delay = Duration::from_millis(10);
-    let mut renewed = false;
+    let mut renewals = 0u32;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         let seen = reauth.map(Reauth::seen);
@@ -172,11 +179,11 @@ where
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(Duration::from_millis(250));
             }
-            Ok(Err(e)) if !renewed && is_old_auth_revision(&e) => {
+            Ok(Err(e)) if renewals < RENEWALS && is_old_auth_revision(&e) => {
                 let (Some(reauth), Some(seen)) = (reauth, seen) else {
                     return Err(EtcdError::Client(e));
                 };
-                renewed = true;
+                renewals += 1;
                 let left = deadline.saturating_duration_since(Instant::now());
                 match tokio::time::timeout(left, reauth.renew(seen)).await {
                     Ok(Ok(())) => {}

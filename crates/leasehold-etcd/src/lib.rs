@@ -174,9 +174,9 @@
 //! cluster's users or roles ("revision of auth store is old"). A JWT token goes stale that
 //! way after any such change. With simple tokens, a request that crosses such a change in
 //! flight is refused the same way. A request refused like this was not applied, and goes
-//! again once with the new token. However many requests find the token stale at once, they
-//! trigger one authentication. Should it still be refused (the users changed again meanwhile),
-//! the error is `Unavailable`, so retryable, and releases retry it.
+//! again with the new token, up to 8 times if the users keep changing in between. However
+//! many requests find the token stale at once, they trigger one authentication. Should it
+//! still be refused, the error is `Unavailable`, so retryable, and releases retry it.
 //!
 //! A `user:password` sent to an endpoint that is not loopback over plain gRPC (`etcd://`)
 //! crosses the network in clear: connecting logs a `warn!` (target `leasehold.plaintext`), or
