@@ -105,10 +105,10 @@ fn is_old_auth_revision(e: &etcd_client::Error) -> bool {
 
 /// Renews a client's token when etcd refuses it as older than the last change to the cluster's
 /// users or roles. etcd-client renews a token only when etcd calls it invalid; with this
-/// refusal every request (releases too) failed until the token expired, and a token in use
-/// does not expire. One renewal per change, however many requests find the token stale at
-/// once (a burst of releases must not become a burst of authentications, each a write in
-/// etcd's log).
+/// refusal a JWT's every request (releases too) failed until the token expired (its TTL is the
+/// server's), and a simple token's request that crossed the change in flight failed. One
+/// renewal per change, however many requests find the token stale at once (a burst of
+/// releases must not become a burst of authentications, each a write in etcd's log).
 pub(crate) struct Reauth {
     client: Client,
     /// How many times the token was renewed here: a request that saw the token before a
