@@ -262,7 +262,10 @@ async fn replicating(port: &str, prefix: &str) {
             .arg(5000)
             .cmd("WAIT")
             .arg(2)
-            .arg(1000)
+            // Below the connection's response timeout (redis-rs's default, 500 ms): a longer
+            // WAIT made a slow acknowledgement a client-side timeout and a panic, instead of
+            // another turn of this loop.
+            .arg(250)
             .query_async(&mut conn)
             .await
             .unwrap_or_else(|e| panic!("SET + WAIT on {url}: {e}"));
